@@ -1,0 +1,1 @@
+"""Routing pickers: pure functions of (request features, worker views, the picker's own state)."""

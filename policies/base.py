@@ -1,0 +1,74 @@
+"""The picker contract shared by the live proxy and the offline simulator.
+
+A picker is a pure function of (request features, per-worker state views, the picker's own
+small state such as session bindings or a round-robin counter). It never mutates worker
+state: booking (counters, shadow insert, pins) is the caller's job, done once per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class WorkerView(Protocol):
+    """What a picker may read about one worker."""
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def num_requests(self) -> int:
+        """Requests waiting or running on the worker (booked by the router)."""
+
+    @property
+    def pending_prefill_tokens(self) -> int:
+        """Prompt tokens booked but not yet prefilled (released at first token)."""
+
+    @property
+    def ongoing_decode_tokens(self) -> int: ...
+
+    def estimate_cache_hit(self, blocks: Sequence[int]) -> int:
+        """Tokens of the longest prefix of ``blocks`` the worker probably has cached."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What a picker knows about one request, computed once by the caller.
+
+    ``blocks`` are chained block hashes (or trace block keys) of ``block_size`` tokens each;
+    ``tokens`` (uint32 little-endian bytes) is present when the caller has exact token ids.
+    """
+
+    blocks: Sequence[int]
+    input_length: int
+    session_id: str | None = None
+    tokens: bytes | None = None
+    block_size: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """A routing decision and why it was taken.
+
+    ``worker`` indexes the ``workers`` sequence given to the picker. ``hit_tokens`` is the
+    chosen worker's estimated cache hit; ``best_hit_tokens`` the best estimate among healthy
+    workers, so a metric can tell routing loss (hit < best) from a cold workload (best == 0).
+    """
+
+    worker: int
+    branch: str
+    hit_tokens: int = 0
+    best_hit_tokens: int = 0
+
+
+class NoHealthyWorker(LookupError):
+    """Raised by a picker when no worker in the view is healthy."""
+
+
+class Picker(Protocol):
+    name: str
+
+    def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick: ...

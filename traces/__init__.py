@@ -1,0 +1,1 @@
+"""Trace formats, trace tools, the simulated worker and the offline simulator."""
