@@ -50,7 +50,7 @@ class BenchWorker:
         self.pending_prefill_tokens = pending
         self.ongoing_decode_tokens = 0
 
-    def estimate_cache_hit(self, blocks: Sequence[int]) -> int:
+    def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
         return self.lru.estimate_cache_hit(blocks)
 
 

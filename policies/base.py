@@ -30,8 +30,12 @@ class WorkerView(Protocol):
     @property
     def ongoing_decode_tokens(self) -> int: ...
 
-    def estimate_cache_hit(self, blocks: Sequence[int]) -> int:
-        """Tokens of the longest prefix of ``blocks`` the worker probably has cached."""
+    def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
+        """Tokens of the longest prefix of the request the worker probably has cached.
+
+        ``blocks`` answer a block-hash shadow; ``tokens`` (when the caller has them) let a
+        radix-tree shadow answer at token granularity.
+        """
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,12 @@ def estimate_hits(request: RequestFeatures, workers: Sequence[WorkerView]) -> tu
 
     Raises :class:`NoHealthyWorker` when no worker is healthy (or there are none).
     """
-    blocks = request.blocks
+    blocks, tokens = request.blocks, request.tokens
     hits: list[int] = []
     best = UNHEALTHY
     for worker in workers:
         if worker.healthy:
-            hit = worker.estimate_cache_hit(blocks)
+            hit = worker.estimate_cache_hit(blocks, tokens)
             if hit > best:
                 best = hit
         else:

@@ -108,3 +108,12 @@ def chain_ids(ids: Sequence[int], ids_per_block: int = 1, root: int = 0) -> list
         raise ValueError("ids_per_block must be positive")
     packed = np.asarray(ids, dtype="<u8").tobytes()
     return hash_bytes_blocks(packed, ids_per_block * 8, root)
+
+
+def keys_as_tokens(keys: Sequence[int]) -> bytes:
+    """Block keys as a token buffer, two uint32 pseudo-tokens per 64-bit key.
+
+    Lets a :class:`~router.radix_tree.RadixTree` with ``page_size=2`` cache and match whole
+    blocks when only block keys are known (trace replay, the simulated worker).
+    """
+    return np.asarray(keys, dtype="<u8").tobytes()

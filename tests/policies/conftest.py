@@ -24,7 +24,7 @@ class FakeWorker:
     block_size: int = BLOCK
     estimate_calls: int = 0
 
-    def estimate_cache_hit(self, blocks: Sequence[int]) -> int:
+    def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
         self.estimate_calls += 1
         n = 0
         for block in blocks:

@@ -1,0 +1,159 @@
+"""``cache-router trace {stats,cap,synth}``: inspect, cap and generate request traces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
+from traces.formats import FORMATS, load_trace
+from traces.record import TraceFormatError
+from traces.stats import format_stats, trace_stats
+from traces.synth import SynthConfig, synthesize
+from traces.writer import write_jsonl
+
+_FORMAT_CHOICES = ["auto", *FORMATS]
+_HELP = argparse.ArgumentDefaultsHelpFormatter
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``trace`` and its sub-commands on the top-level parser."""
+    trace = subparsers.add_parser(
+        "trace",
+        help="inspect, cap and synthesize request traces",
+        description="Trace tools. Formats: Mooncake JSONL, Weka kv-cache-tester JSON (file or "
+        "directory), Bailian JSONL, generic JSONL (docs/trace-format.md), Azure CSV.",
+        formatter_class=_HELP,
+    )
+    trace.set_defaults(func=lambda _args: _usage(trace))
+    sub = trace.add_subparsers(dest="trace_command", metavar="TRACE_COMMAND")
+
+    stats = sub.add_parser(
+        "stats",
+        help="requests, span, lengths, sessions, infinite-cache hit ceiling",
+        description="Summary statistics of a trace (see traces/stats.py for definitions).",
+        formatter_class=_HELP,
+    )
+    stats.add_argument("file", type=Path, help="trace file (or Weka directory)")
+    stats.add_argument(
+        "--format", choices=_FORMAT_CHOICES, default="auto", dest="fmt", help="trace format"
+    )
+    stats.add_argument("--json", action="store_true", help="print JSON instead of text")
+    stats.set_defaults(func=_stats)
+
+    cap = sub.add_parser(
+        "cap",
+        help="keep each session's first N turns (seed 002's capped trace)",
+        description="Per session keep the first N turns by (turn, timestamp), then restore "
+        "wall-clock order; write generic JSONL.",
+        formatter_class=_HELP,
+    )
+    cap.add_argument("input", type=Path, help="trace file (or Weka directory)")
+    cap.add_argument("output", help="generic JSONL to write ('-' = stdout)")
+    cap.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="turns kept")
+    cap.add_argument(
+        "--format", choices=_FORMAT_CHOICES, default="auto", dest="fmt", help="input trace format"
+    )
+    cap.set_defaults(func=_cap)
+
+    synth = sub.add_parser(
+        "synth",
+        help="generate a seeded multi-turn trace (generic JSONL)",
+        description="Multi-turn sessions over shared system prompts, Zipf turns per session, "
+        "Poisson session arrivals (see traces/synth.py for the model).",
+        formatter_class=_HELP,
+    )
+    d = SynthConfig()
+    synth.add_argument("--sessions", type=int, default=d.sessions, help="sessions")
+    synth.add_argument("--rate", type=float, default=d.rate, help="new sessions per second")
+    synth.add_argument(
+        "--system-prompts", type=int, default=d.system_prompts, help="shared system prompts"
+    )
+    synth.add_argument(
+        "--system-prompt-tokens", type=int, default=d.system_prompt_tokens, help="their length"
+    )
+    synth.add_argument("--turns-alpha", type=float, default=d.turns_alpha, help="Zipf exponent")
+    synth.add_argument("--max-turns", type=int, default=d.max_turns, help="turns cap/session")
+    synth.add_argument(
+        "--user-tokens", type=float, default=d.user_tokens, help="mean user message tokens"
+    )
+    synth.add_argument(
+        "--output-tokens", type=float, default=d.output_tokens, help="mean output tokens"
+    )
+    synth.add_argument(
+        "--think-time", type=float, default=d.think_time, help="mean seconds between turns"
+    )
+    synth.add_argument(
+        "--max-context", type=int, default=d.max_context, help="a session ends before this"
+    )
+    synth.add_argument("--seed", type=int, default=d.seed, help="numpy default_rng seed")
+    synth.add_argument("--out", default="synthetic_trace.jsonl", help="'-' = stdout")
+    synth.set_defaults(func=_synth)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _fail(exc: Exception) -> int:
+    print(f"cache-router trace: error: {exc}", file=sys.stderr)
+    return 1
+
+
+def _stats(args: argparse.Namespace) -> int:
+    try:
+        requests = load_trace(args.file, args.fmt)
+    except (OSError, TraceFormatError) as exc:
+        return _fail(exc)
+    stats = trace_stats(requests)
+    if args.json:
+        print(json.dumps({"file": str(args.file), **stats}, indent=1))
+    else:
+        print(format_stats(stats, title=str(args.file)))
+    return 0
+
+
+def _cap(args: argparse.Namespace) -> int:
+    if args.max_turns < 1:
+        return _fail(ValueError("--max-turns must be >= 1"))
+    try:
+        requests = load_trace(args.input, args.fmt)
+        kept = build_capped_trace(requests, args.max_turns)
+        write_jsonl(kept, args.output)
+    except (OSError, TraceFormatError) as exc:
+        return _fail(exc)
+    sessions = len({r.session_id for r in requests})
+    tokens = sum(r.input_length for r in requests)
+    share = sum(r.input_length for r in kept) / tokens if tokens else 0.0
+    print(
+        f"kept {len(kept):,} of {len(requests):,} requests ({sessions:,} sessions, "
+        f"{share:.1%} of input tokens) -> {args.output}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    cfg = SynthConfig(
+        sessions=args.sessions,
+        rate=args.rate,
+        system_prompts=args.system_prompts,
+        system_prompt_tokens=args.system_prompt_tokens,
+        turns_alpha=args.turns_alpha,
+        max_turns=args.max_turns,
+        user_tokens=args.user_tokens,
+        output_tokens=args.output_tokens,
+        think_time=args.think_time,
+        max_context=args.max_context,
+        seed=args.seed,
+    )
+    try:
+        requests = synthesize(cfg)
+        write_jsonl(requests, args.out)
+    except (OSError, ValueError) as exc:
+        return _fail(exc)
+    print(format_stats(trace_stats(requests), title=f"wrote {args.out}"), file=sys.stderr)
+    return 0
