@@ -13,9 +13,8 @@ $(BIN)/cache-router: pyproject.toml
 
 venv: $(BIN)/cache-router
 
-# Until the simulator lands, the demo runs what exists: the shadow caches' micro-benchmarks.
 demo: venv
-	$(BIN)/python bench/micro.py
+	$(BIN)/cache-router demo
 
 test: venv
 	$(BIN)/ruff check .

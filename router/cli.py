@@ -30,7 +30,7 @@ def _command_modules() -> list:
     """Modules that contribute sub-commands (imported lazily so --help stays fast)."""
     import importlib
 
-    names = ["router.demo", "traces.cli"]
+    names = ["router.demo", "traces.cli", "traces.simulate"]
     modules = []
     for name in names:
         try:

@@ -1,0 +1,106 @@
+"""Sanity of the offline simulator on real and synthetic traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from policies.registry import make_picker
+from router.cli import main
+from router.demo import sample_trace_path
+from traces.formats import load_trace
+from traces.simulate import run_policies
+from traces.simulator import SimConfig, simulate
+from traces.stats import hit_ceiling
+from traces.synth import SynthConfig, synthesize
+from traces.worker_model import WorkerModelConfig
+
+HUGE = WorkerModelConfig(kv_capacity_tokens=10**10)
+
+
+@pytest.fixture(scope="module")
+def conversation():
+    return load_trace(sample_trace_path())
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return synthesize(SynthConfig(sessions=300, seed=7))
+
+
+def test_no_policy_beats_the_infinite_cache_ceiling(conversation):
+    ceiling = hit_ceiling(conversation).token_ratio
+    runs = run_policies(
+        conversation, ["lmetric", "sticky", "unified", "round_robin"], SimConfig(worker=HUGE)
+    )
+    for run in runs:
+        rate = run.summary()["hit_rate"]
+        assert 0 < rate <= ceiling + 1e-12, run.name
+    # sticky with an infinite cache keeps every session on one worker: close to the ceiling
+    assert runs[1].summary()["hit_rate"] > 0.8 * ceiling
+
+
+@pytest.mark.parametrize("shadow", ["blocks", "radix"])
+def test_huge_capacity_shadow_equals_truth(conversation, shadow):
+    run = simulate(
+        conversation[:800], make_picker("lmetric"), SimConfig(worker=HUGE, shadow=shadow)
+    )
+    assert np.array_equal(run.estimated, run.cached)
+    assert run.summary()["shadow_abs_error"] == 0
+
+
+def test_cache_blind_policies_hit_less_than_lmetric(synthetic):
+    runs = {
+        r.name: r.summary()
+        for r in run_policies(synthetic, ["lmetric", "round_robin", "load_only"], SimConfig())
+    }
+    assert runs["round_robin"]["hit_rate"] < runs["lmetric"]["hit_rate"]
+    assert runs["load_only"]["hit_rate"] < runs["lmetric"]["hit_rate"]
+
+
+def test_same_seed_same_results_other_seed_differs(synthetic):
+    def run(seed: int) -> dict:
+        (r,) = run_policies(synthetic, ["random"], SimConfig(workers=4), seed=seed)
+        s = r.summary()
+        s.pop("wall_seconds"), s.pop("pick_us_p50"), s.pop("pick_us_p99")
+        return s | {"workers": r.worker.tolist()}
+
+    assert run(3) == run(3)
+    assert run(3)["workers"] != run(4)["workers"]
+
+
+def test_capped_policy_sees_the_capped_trace(conversation):
+    runs = run_policies(conversation, ["lmetric", "capped"], SimConfig(), max_turns=2)
+    assert runs[1].requests < runs[0].requests
+
+
+def test_simulate_command_writes_results_and_plots(tmp_path: Path):
+    out = tmp_path / "sim"
+    code = main(
+        [
+            "simulate", "--trace", str(sample_trace_path()), "--max-requests", "300",
+            "--workers", "3", "--policies", "lmetric,round_robin,capped", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["workers"] == 3 and set(doc["policies"]) == {"lmetric", "round_robin", "capped"}
+    keys = {"requests", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "e2e_p50", "e2e_p99",
+            "throughput_rps", "hit_rate", "shadow_abs_error", "imbalance", "pick_us_p50",
+            "pick_us_p99"}  # fmt: skip
+    for entry in doc["policies"].values():
+        assert keys <= set(entry)
+        assert entry["ttft_p50"] <= entry["ttft_p99"]
+    for png in ("ttft_cdf.png", "hit_rate.png", "inflight.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| lmetric |" in (out / "results.md").read_text()
+
+
+def test_simulate_rejects_unknown_policy(tmp_path: Path, capsys):
+    code = main(["simulate", "--trace", str(sample_trace_path()), "--policies", "fastest",
+                 "--out", str(tmp_path)])  # fmt: skip
+    assert code == 2
+    assert "unknown policies" in capsys.readouterr().err

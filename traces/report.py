@@ -1,0 +1,144 @@
+"""Policy comparison reports: results.json, a markdown table and PNG plots.
+
+results.json is a stable interface (``simulate`` writes it; ``replay`` and ``sweep`` write the
+same shape):
+
+    {"trace": {...}, "workers": N, "wall_seconds": s,
+     "policies": {NAME: {"requests", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
+                         "e2e_p50", "e2e_p99", "throughput_rps", "hit_rate",
+                         "shadow_abs_error", "imbalance", "pick_us_p50", "pick_us_p99",
+                         "branches": {...}}}}
+
+Times are seconds unless the key says otherwise; ``hit_rate`` and ``shadow_abs_error`` are
+fractions of prompt tokens; ``imbalance`` is max / mean requests per worker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from traces.simulator import PolicyRun
+
+TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # key, header, format
+    ("hit_rate", "hit rate", "{:.1%}"),
+    ("ttft_p50", "TTFT p50 s", "{:.3f}"),
+    ("ttft_p90", "TTFT p90 s", "{:.3f}"),
+    ("ttft_p99", "TTFT p99 s", "{:.3f}"),
+    ("tpot_p50", "TPOT p50 ms", "ms"),
+    ("e2e_p50", "E2E p50 s", "{:.2f}"),
+    ("e2e_p99", "E2E p99 s", "{:.2f}"),
+    ("throughput_rps", "req/s", "{:.2f}"),
+    ("imbalance", "imbalance", "{:.2f}"),
+    ("shadow_abs_error", "shadow err", "{:.1%}"),
+    ("pick_us_p99", "pick p99 µs", "{:.1f}"),
+)
+
+
+def results_document(
+    trace: Mapping[str, Any], workers: int, wall_seconds: float, runs: Sequence[PolicyRun]
+) -> dict[str, Any]:
+    """The results.json document for ``runs`` (one per policy)."""
+    policies = {}
+    for run in runs:
+        entry = run.summary()
+        entry["branches"] = dict(sorted(run.branches.items()))
+        policies[run.name] = entry
+    return {
+        "trace": dict(trace),
+        "workers": workers,
+        "wall_seconds": wall_seconds,
+        "policies": policies,
+    }
+
+
+def markdown_table(document: Mapping[str, Any]) -> str:
+    """One row per policy, the columns of :data:`TABLE_COLUMNS`."""
+    header = "| policy | requests | " + " | ".join(h for _, h, _ in TABLE_COLUMNS) + " |"
+    rule = "|---|---:|" + "---:|" * len(TABLE_COLUMNS)
+    rows = [header, rule]
+    for name, entry in document["policies"].items():
+        cells = []
+        for key, _, fmt in TABLE_COLUMNS:
+            value = entry.get(key)
+            if value is None:
+                cells.append("")
+            elif fmt == "ms":
+                cells.append(f"{value * 1000:.1f}")
+            else:
+                cells.append(fmt.format(value))
+        rows.append(f"| {name} | {entry['requests']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def write_results(document: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """results.json and results.md in ``out_dir``; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "results.json"
+    json_path.write_text(json.dumps(document, indent=2) + "\n")
+    md_path = out_dir / "results.md"
+    trace = document["trace"]
+    md_path.write_text(
+        f"# Policy comparison: {trace.get('name', 'trace')}\n\n"
+        f"{document['workers']} workers, {trace.get('requests', '?')} requests.\n\n"
+        f"{markdown_table(document)}\n"
+    )
+    return [json_path, md_path]
+
+
+def write_plots(runs: Sequence[PolicyRun], out_dir: Path) -> list[Path]:
+    """TTFT CDF per policy, true hit rate per policy, per-worker in-flight over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in runs:
+        ttft = np.sort(run.first_token - run.arrival)
+        ax.plot(ttft, np.arange(1, len(ttft) + 1) / max(1, len(ttft)), label=run.name)
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first token (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("TTFT CDF")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    paths.append(_save(fig, out_dir / "ttft_cdf.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [r.name for r in runs]
+    rates = [float(r.cached.sum()) / max(1.0, float(r.input_length.sum())) for r in runs]
+    ax.bar(names, [100 * x for x in rates], color="tab:blue")
+    for i, rate in enumerate(rates):
+        ax.annotate(f"{rate:.1%}", (i, 100 * rate), ha="center", va="bottom")
+    ax.set_ylabel("prefix cache hit rate (% of prompt tokens)")
+    ax.set_title("True hit rate per policy")
+    ax.tick_params(axis="x", rotation=20)
+    paths.append(_save(fig, out_dir / "hit_rate.png"))
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 1.8 * len(runs) + 0.6), sharex=True)
+    for ax, run in zip(np.atleast_1d(axes), runs, strict=True):
+        for w in range(run.inflight.shape[1]):
+            ax.plot(run.inflight_t, run.inflight[:, w], linewidth=0.8)
+        ax.set_ylabel(run.name, rotation=0, ha="right", va="center")
+        ax.grid(True, alpha=0.3)
+    np.atleast_1d(axes)[-1].set_xlabel("time (s); one line per worker: requests in flight")
+    paths.append(_save(fig, out_dir / "inflight.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

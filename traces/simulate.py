@@ -1,0 +1,154 @@
+"""``cache-router simulate``: compare policies on a trace in virtual time.
+
+Every policy sees the same trace and a fresh fleet (fresh worker models and shadows); the
+``capped`` policy sees the trace capped to its sessions' first turns (seed 002).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from policies.registry import PICKER_NAMES, make_picker, picker_params
+from router.worker_state import SHADOW_KINDS
+from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
+from traces.formats import load_trace
+from traces.record import TraceRequest
+from traces.report import markdown_table, results_document, write_plots, write_results
+from traces.simulator import PolicyRun, SimConfig, simulate
+from traces.stats import hit_ceiling
+from traces.worker_model import WorkerModelConfig
+
+DEFAULT_POLICIES = "lmetric,load_only,sticky,unified,capped"
+
+
+def parse_policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in PICKER_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown policies {unknown}; choose from {', '.join(PICKER_NAMES)}")
+    return names
+
+
+def run_policies(
+    trace: Sequence[TraceRequest],
+    policies: Sequence[str],
+    config: SimConfig,
+    seed: int = 0,
+    max_turns: int = DEFAULT_MAX_TURNS,
+    progress: bool = False,
+) -> list[PolicyRun]:
+    """One simulation per policy, each on a fresh fleet; seeded pickers get ``seed``."""
+    runs = []
+    capped = None
+    for name in policies:
+        params = {"seed": seed} if "seed" in picker_params(name) else {}
+        policy_trace = trace
+        if name == "capped":
+            capped = capped if capped is not None else build_capped_trace(trace, max_turns)
+            policy_trace = capped
+        runs.append(simulate(policy_trace, make_picker(name, **params), config, name, progress))
+    return runs
+
+
+def trace_summary(path: str, trace: Sequence[TraceRequest]) -> dict:
+    ceiling = hit_ceiling(trace)
+    return {
+        "name": Path(path).name,
+        "path": str(path),
+        "requests": len(trace),
+        "span_seconds": trace[-1].arrival if trace else 0.0,
+        "prompt_tokens": int(sum(r.input_length for r in trace)),
+        "hit_ceiling": ceiling.token_ratio,
+        "hit_ceiling_blocks": ceiling.block_ratio,
+    }
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="compare routing policies on a trace, offline, in virtual time",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_simulation_options(p)
+    p.add_argument("--trace", required=True, help="trace file or Weka directory")
+    p.add_argument("--format", default="auto", help="trace format (auto-detected by default)")
+    p.add_argument("--out", default="out/simulate", help="directory for results and plots")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.set_defaults(func=_main)
+
+
+def add_simulation_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``simulate`` and ``demo``."""
+    defaults = WorkerModelConfig()
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated picker names")
+    p.add_argument("--workers", type=int, default=8, help="simulated workers")
+    p.add_argument("--shadow", choices=SHADOW_KINDS, default="blocks", help="router shadow")
+    p.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=defaults.kv_capacity_tokens,
+        help="each worker's KV cache in tokens (the shadows get the same)",
+    )
+    p.add_argument("--prefill-tokens-per-s", type=float, default=defaults.prefill_tokens_per_s)
+    p.add_argument("--step-overhead-ms", type=float, default=defaults.step_overhead_s * 1000)
+    p.add_argument("--decode-ms-per-seq", type=float, default=defaults.decode_s_per_seq * 1000)
+    p.add_argument("--chunk-tokens", type=int, default=defaults.chunk_tokens)
+    p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+    p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
+    p.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
+    p.add_argument("--seed", type=int, default=0, help="seed for random pickers")
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    if args.workers < 1 or args.speedup <= 0 or args.kv_capacity_tokens < 512:
+        raise ValueError("need --workers >= 1, --speedup > 0, --kv-capacity-tokens >= 512")
+    worker = WorkerModelConfig(
+        kv_capacity_tokens=args.kv_capacity_tokens,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        step_overhead_s=args.step_overhead_ms / 1000,
+        decode_s_per_seq=args.decode_ms_per_seq / 1000,
+        chunk_tokens=args.chunk_tokens,
+    )
+    return SimConfig(workers=args.workers, worker=worker, shadow=args.shadow, speedup=args.speedup)
+
+
+def run_and_report(
+    trace_path: str, trace: list[TraceRequest], args: argparse.Namespace, out: Path, plots: bool
+) -> dict:
+    """Simulate every policy of ``args``, print the table, write results (and plots)."""
+    config = config_from_args(args)
+    policies = parse_policies(args.policies)
+    if args.max_requests is not None:
+        trace = trace[: args.max_requests]
+    print(
+        f"{len(trace)} requests, {config.workers} workers, shadow={config.shadow}, "
+        f"KV {config.worker.kv_capacity_tokens:,} tokens/worker",
+        file=sys.stderr,
+    )
+    started = time.perf_counter()
+    runs = run_policies(trace, policies, config, args.seed, args.max_turns, progress=True)
+    summary = trace_summary(trace_path, trace)
+    document = results_document(summary, config.workers, time.perf_counter() - started, runs)
+    written = write_results(document, out)
+    if plots:
+        written += write_plots(runs, out)
+    print(markdown_table(document))
+    if summary["hit_ceiling"] is not None:
+        print(f"\ninfinite-cache hit ceiling of this trace: {summary['hit_ceiling']:.1%}")
+    print(f"{document['wall_seconds']:.1f} s; wrote {', '.join(str(p) for p in written)}")
+    return document
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
+        trace = load_trace(args.trace, args.format)
+        run_and_report(args.trace, trace, args, Path(args.out), not args.no_plots)
+    except (OSError, ValueError) as exc:
+        print(f"cache-router simulate: {exc}", file=sys.stderr)
+        return 2
+    return 0

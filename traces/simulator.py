@@ -1,0 +1,219 @@
+"""The offline simulator: a trace through N worker models and a router, in virtual time.
+
+The router part is the live proxy's: the same pickers (``policies``), the same per-worker
+:class:`router.worker_state.WorkerState` (block-hash LRU and radix shadows, load counters)
+and the same booking rules (book at dispatch, pending prefill released at the first token,
+everything released at completion). Only the clock and the workers are simulated: each
+worker is a :class:`traces.worker_model.WorkerModel` with a real radix KV cache, so the hit
+rate reported here is the workers' true one, and the shadow's error is measured against it.
+
+Picks are timed with the wall clock (``pick_us``); everything else is virtual time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from policies.base import Picker, RequestFeatures
+from router.block_hash import keys_as_tokens
+from router.block_lru import BlockLRU
+from router.radix_tree import RadixTree
+from router.worker_state import Booking, ShadowKind, WorkerState
+from traces.record import BLOCK_TOKENS, TraceRequest
+from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulated fleet and the router's shadows are set up."""
+
+    workers: int = 8
+    worker: WorkerModelConfig = field(default_factory=WorkerModelConfig)
+    shadow: ShadowKind = "blocks"
+    shadow_capacity_tokens: int | None = None  # default: the workers' KV capacity
+    speedup: float = 1.0  # divide arrival times by this
+    samples: int = 400  # points of the per-worker in-flight time series
+
+
+@dataclass
+class PolicyRun:
+    """Per-request outcomes of one policy over one trace (arrays indexed by request)."""
+
+    name: str
+    requests: int
+    worker: np.ndarray
+    arrival: np.ndarray
+    first_token: np.ndarray
+    finish: np.ndarray
+    output_length: np.ndarray
+    input_length: np.ndarray
+    cached: np.ndarray  # the worker's true cached prompt tokens
+    estimated: np.ndarray  # the active shadow's estimate at booking
+    pick_us: np.ndarray
+    branches: dict[str, int]
+    inflight_t: np.ndarray  # sample times
+    inflight: np.ndarray  # samples x workers: num_requests
+    wall_seconds: float
+
+    def summary(self) -> dict[str, float | int]:
+        """The per-policy entry of results.json (times in seconds, rates as fractions)."""
+        ttft = self.first_token - self.arrival
+        e2e = self.finish - self.arrival
+        decode_tokens = np.maximum(self.output_length - 1, 0)
+        has_decode = decode_tokens > 0
+        tpot = (self.finish - self.first_token)[has_decode] / decode_tokens[has_decode]
+        span = float(self.finish.max() - self.arrival.min()) if self.requests else 0.0
+        prompt = float(self.input_length.sum()) or 1.0
+        per_worker = np.bincount(self.worker, minlength=self.inflight.shape[1])
+        return {
+            "requests": int(self.requests),
+            "ttft_p50": _pct(ttft, 50),
+            "ttft_p90": _pct(ttft, 90),
+            "ttft_p99": _pct(ttft, 99),
+            "tpot_p50": _pct(tpot, 50),
+            "e2e_p50": _pct(e2e, 50),
+            "e2e_p99": _pct(e2e, 99),
+            "throughput_rps": self.requests / span if span > 0 else 0.0,
+            "hit_rate": float(self.cached.sum()) / prompt,
+            "shadow_abs_error": float(np.abs(self.estimated - self.cached).sum()) / prompt,
+            "imbalance": float(per_worker.max() / per_worker.mean()) if self.requests else 0.0,
+            "pick_us_p50": _pct(self.pick_us, 50),
+            "pick_us_p99": _pct(self.pick_us, 99),
+            "wall_seconds": self.wall_seconds,
+        }
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def make_worker_states(config: SimConfig) -> list[WorkerState]:
+    """The router's view of the simulated fleet, shadows sized to the workers' KV cache."""
+    capacity = config.shadow_capacity_tokens or config.worker.kv_capacity_tokens
+    blocks = capacity // BLOCK_TOKENS
+    return [
+        WorkerState(
+            name=f"sim-{i}",
+            blocks=BlockLRU(blocks, BLOCK_TOKENS),
+            radix=RadixTree(capacity_tokens=2 * blocks, page_size=2),
+            shadow=config.shadow,
+            radix_token_weight=BLOCK_TOKENS // 2,
+        )
+        for i in range(config.workers)
+    ]
+
+
+def simulate(
+    trace: Sequence[TraceRequest],
+    picker: Picker,
+    config: SimConfig | None = None,
+    name: str | None = None,
+    progress: bool = False,
+) -> PolicyRun:
+    """Run ``trace`` through ``picker`` and ``config.workers`` worker models."""
+    config = config or SimConfig()
+    name = name or picker.name
+    n = len(trace)
+    out = {k: np.zeros(n) for k in ("arrival", "first_token", "finish", "estimated", "pick_us")}
+    cached = np.zeros(n, dtype=np.int64)
+    chosen = np.zeros(n, dtype=np.int64)
+    states = make_worker_states(config)
+    bookings: list[Booking | None] = [None] * n
+    branches: dict[str, int] = {}
+
+    def on_first_token(req: SimRequest, now: float) -> None:
+        i = req.tag
+        out["first_token"][i] = now
+        cached[i] = req.cached_tokens
+        booking = bookings[i]
+        booking.first_token()
+        booking.report_cached(req.cached_tokens)
+
+    def on_finish(req: SimRequest, now: float) -> None:
+        i = req.tag
+        out["finish"][i] = now
+        bookings[i].finish()
+        bookings[i] = None
+
+    models = [WorkerModel(config.worker, on_first_token, on_finish) for _ in states]
+    wakeups: list[tuple[float, int, int]] = []  # (time, worker, version)
+
+    def schedule(w: int) -> None:
+        model = models[w]
+        if model.next_event is not None:
+            heapq.heappush(wakeups, (model.next_event, w, model.version))
+
+    span = (trace[-1].arrival / config.speedup) if n else 0.0
+    sample_times = np.linspace(0.0, span, config.samples) if n else np.zeros(0)
+    inflight = np.zeros((len(sample_times), len(states)), dtype=np.int32)
+    next_sample = 0
+    radix = config.shadow == "radix"
+    started = time.perf_counter()
+    i = 0
+    while i < n or wakeups:
+        arrival = trace[i].arrival / config.speedup if i < n else float("inf")
+        if wakeups and wakeups[0][0] <= arrival:
+            when, w, version = heapq.heappop(wakeups)
+            if version == models[w].version:
+                models[w].advance(when)
+                schedule(w)
+            continue
+        while next_sample < len(sample_times) and sample_times[next_sample] <= arrival:
+            inflight[next_sample] = [s.num_requests for s in states]
+            next_sample += 1
+        req = trace[i]
+        features = RequestFeatures(
+            blocks=req.blocks,
+            input_length=req.input_length,
+            session_id=req.session_id,
+            tokens=keys_as_tokens(req.blocks) if radix else None,
+        )
+        t0 = time.perf_counter_ns()
+        pick = picker.pick(features, states)
+        out["pick_us"][i] = (time.perf_counter_ns() - t0) / 1000
+        branches[pick.branch] = branches.get(pick.branch, 0) + 1
+        state = states[pick.worker]
+        booking = state.book(features, expected_output_tokens=req.output_length)
+        bookings[i] = booking
+        out["estimated"][i] = (
+            booking.radix_estimate
+            if radix and booking.radix_estimate is not None
+            else booking.blocks_estimate
+        )
+        out["arrival"][i] = arrival
+        chosen[i] = pick.worker
+        sim_req = SimRequest(req.blocks, req.input_length, max(1, req.output_length), tag=i)
+        models[pick.worker].submit(sim_req, arrival)
+        schedule(pick.worker)
+        i += 1
+        if progress and (i % 500 == 0 or i == n):
+            sys.stderr.write(f"\r  {name:<20} {i:>7}/{n} requests")
+            sys.stderr.flush()
+    if progress:
+        sys.stderr.write("\n")
+    leaked = [s.name for s in states if s.num_requests or s.pending_prefill_tokens]
+    if leaked:  # every booking must have been released by its worker model
+        raise RuntimeError(f"simulation ended with bookings held on {leaked}")
+    return PolicyRun(
+        name=name,
+        requests=n,
+        worker=chosen,
+        arrival=out["arrival"],
+        first_token=out["first_token"],
+        finish=out["finish"],
+        output_length=np.array([max(1, r.output_length) for r in trace]),
+        input_length=np.array([r.input_length for r in trace]),
+        cached=cached,
+        estimated=out["estimated"],
+        pick_us=out["pick_us"],
+        branches=branches,
+        inflight_t=sample_times,
+        inflight=inflight,
+        wall_seconds=time.perf_counter() - started,
+    )
