@@ -50,11 +50,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from policies.base import Pick, RequestFeatures, WorkerView
 from policies.hits import UNHEALTHY, estimate_hits
-from router.block_hash import TOKEN_BYTES
+from router.block_hash import TOKEN_BYTES, keys_as_tokens
 from router.radix_tree import RadixTree
 
 CACHE_THRESHOLD = 0.3
@@ -143,7 +141,4 @@ def _tree_key(request: RequestFeatures) -> bytes:
     """The request as a uint32 LE token buffer: its tokens, or its block keys as pseudo-tokens."""
     if request.tokens is not None:
         return request.tokens
-    try:
-        return np.asarray(request.blocks, dtype="<u8").tobytes()
-    except OverflowError:  # negative keys: keep their 64-bit pattern
-        return np.asarray([b & 0xFFFFFFFFFFFFFFFF for b in request.blocks], dtype="<u8").tobytes()
+    return keys_as_tokens(request.blocks)
