@@ -30,7 +30,14 @@ def _command_modules() -> list:
     """Modules that contribute sub-commands (imported lazily so --help stays fast)."""
     import importlib
 
-    names = ["router.demo", "traces.cli", "traces.simulate"]
+    names = [
+        "router.demo",
+        "router.serve",
+        "traces.cli",
+        "traces.simulate",
+        "traces.sim_worker",
+        "traces.sweep",
+    ]
     modules = []
     for name in names:
         try:

@@ -1,0 +1,110 @@
+"""Start and stop local processes for replays: simulated workers and routers.
+
+Everything listens on 127.0.0.1, on a free port found by binding port 0. Each process is
+stopped by the PID we started (SIGTERM, then SIGKILL after a grace period), also when the
+caller fails, via the context managers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Service:
+    """A child process serving HTTP at ``url``."""
+
+    name: str
+    url: str
+    process: subprocess.Popen
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
+
+def start_service(name: str, args: Sequence[str], port: int, ready_path: str = "/health",
+                  timeout_s: float = 60.0) -> Service:  # fmt: skip
+    """Run ``cache-router ARGS`` and wait until ``ready_path`` answers 200."""
+    cmd = [sys.executable, "-m", "router.cli", *args]
+    process = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}
+    )
+    service = Service(name, f"http://{HOST}:{port}", process)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            err = process.stderr.read().decode(errors="replace")[-2000:] if process.stderr else ""
+            raise RuntimeError(f"{name} exited with {process.returncode}: {err}")
+        try:
+            if httpx.get(service.url + ready_path, timeout=1.0).status_code == 200:
+                return service
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    service.stop()
+    raise RuntimeError(f"{name} did not become ready within {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def sim_workers(count: int, extra_args: Sequence[str] = ()) -> Iterator[list[Service]]:
+    """``count`` simulated workers, stopped on exit."""
+    started: list[Service] = []
+    try:
+        for i in range(count):
+            port = free_port()
+            args = ["sim-worker", "--host", HOST, "--port", str(port), *extra_args]
+            started.append(start_service(f"sim-worker-{i}", args, port))
+        yield started
+    finally:
+        for service in started:
+            service.stop()
+
+
+@contextlib.contextmanager
+def router(
+    workers: Sequence[str], policy: str, extra_args: Sequence[str] = ()
+) -> Iterator[Service]:
+    """A ``cache-router serve`` in front of ``workers`` with ``policy``, stopped on exit."""
+    port = free_port()
+    args = ["serve", "--host", HOST, "--port", str(port), "--policy", policy, "--worker", *workers]
+    service = start_service(f"router-{policy}", [*args, *extra_args], port)
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def reset_caches(urls: Sequence[str]) -> bool:
+    """POST /reset_prefix_cache to every worker; True if all accepted."""
+    ok = True
+    for url in urls:
+        try:
+            ok &= httpx.post(f"{url.rstrip('/')}/reset_prefix_cache", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+    return ok

@@ -1,0 +1,364 @@
+"""``cache-router sim-worker``: the simulator's worker model as a real OpenAI-compatible server.
+
+The same :class:`traces.worker_model.WorkerModel` the offline simulator runs in virtual time
+runs here against the event loop's clock, so a router in front of it sees real latencies,
+real queueing and a real prefix cache, without a GPU. It speaks vLLM's API
+(``/v1/chat/completions``, ``/v1/completions``, ``/tokenize``, ``/v1/models``, ``/health``,
+``/metrics`` with vLLM's metric names, ``/reset_prefix_cache``) and SGLang's ``/generate``,
+and reports the prompt tokens it found cached in ``usage.prompt_tokens_details.cached_tokens``
+(``meta_info.cached_tokens`` for ``/generate``).
+
+The engine that runs the model in real time, and the metrics, are in
+:mod:`traces.sim_worker_engine`; request parsing and bodies in :mod:`traces.sim_worker_api`.
+
+Not simulated: request abort (a client that disconnects leaves its request running to the
+end, holding its blocks), sampling, logprobs, n > 1, batched prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from router import __version__
+from router.radix_tree import EVICTION_POLICIES
+from traces.record import BLOCK_TOKENS
+from traces.sim_worker_api import (
+    ApiError,
+    GenRequest,
+    Reply,
+    output_tokens,
+    parse_chat,
+    parse_completion,
+    parse_generate,
+    parse_tokenize,
+)
+from traces.sim_worker_engine import Handle, RealTimeWorker, VllmCollector, WorkerUnavailable
+from traces.worker_model import WorkerModelConfig
+
+
+@dataclass(frozen=True)
+class SimWorkerConfig:
+    """The worker model plus what only the server needs."""
+
+    model: WorkerModelConfig = field(default_factory=WorkerModelConfig)
+    model_name: str = "sim-model"
+    time_scale: float = 1.0  # model seconds per real second; > 1 runs faster (tests)
+    seed: int | None = None  # response ids only: the model itself is deterministic
+    max_model_len: int | None = None  # None: the KV capacity, as vLLM caps it
+
+    def __post_init__(self) -> None:
+        m = self.model
+        if not self.time_scale > 0:
+            raise ValueError("time scale must be positive")
+        if m.kv_capacity_tokens < BLOCK_TOKENS:
+            raise ValueError(f"KV capacity must hold at least one {BLOCK_TOKENS}-token block")
+        if m.chunk_tokens < 1 or m.max_running < 1 or not m.prefill_tokens_per_s > 0:
+            raise ValueError("chunk tokens, max running and prefill rate must be positive")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max model len must be at least 2 (one prompt and one output token)")
+        if min(m.step_overhead_s, m.decode_s_per_seq) < 0 or m.decode_step_s(1) <= 0:
+            raise ValueError("decode step costs must be >= 0 and not both 0")
+
+    @property
+    def context_len(self) -> int:
+        return self.max_model_len or self.model.kv_capacity_tokens
+
+
+# ---- the HTTP app ----------------------------------------------------------------------
+
+
+class _Service:
+    """Request handlers over one worker; parsing and bodies live in sim_worker_api."""
+
+    def __init__(self, config: SimWorkerConfig, worker: RealTimeWorker) -> None:
+        self.config = config
+        self.worker = worker
+        self.created = int(time.time())
+        self._rng = random.Random(config.seed)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(VllmCollector(worker, config.model_name))
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise ApiError(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ApiError("request body must be a JSON object")
+        return body
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.config.model_name:
+            raise ApiError(f"The model `{name}` does not exist.", 404, "NotFoundError")
+
+    def _endpoint(
+        self, parse: Callable[[dict[str, Any], int], GenRequest]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            gen = parse(await self._body(request), self.config.context_len)
+            self._check_model(gen.model)
+            return await self._serve(gen)
+
+        return handle
+
+    async def _serve(self, gen: GenRequest) -> Response:
+        """Submit to the model; answer at the finish, or stream from the first token."""
+        prompt = gen.prompt
+        try:
+            handle = self.worker.submit(prompt.blocks, prompt.input_length, gen.max_tokens)
+        except WorkerUnavailable as exc:
+            raise ApiError(f"worker unavailable: {exc}", 503, "ServiceUnavailableError") from None
+        prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "generate": ""}[gen.kind]
+        rid = f"{prefix}{self._rng.getrandbits(64):016x}"
+        if gen.stream:
+            events = self._events(gen, handle, rid)
+            return StreamingResponse(events, media_type="text/event-stream")
+        try:
+            await handle.done
+        except WorkerUnavailable as exc:
+            raise ApiError(f"worker unavailable: {exc}", 503, "ServiceUnavailableError") from None
+        latency = self.worker.clock() - handle.submitted
+        text = "".join(output_tokens(gen.max_tokens))
+        return JSONResponse(self._reply(gen, handle, rid).full(text, latency))
+
+    def _reply(self, gen: GenRequest, handle: Handle, rid: str) -> Reply:
+        req = handle.request
+        return Reply(
+            gen.kind,
+            rid,
+            int(time.time()),
+            self.config.model_name,
+            req.input_length,
+            req.output_length,
+            req.cached_tokens,
+        )
+
+    async def _events(self, gen: GenRequest, handle: Handle, rid: str) -> AsyncIterator[bytes]:
+        """SSE: OpenAI chunks one token each (SGLang: cumulative text), then [DONE]."""
+        tokens = output_tokens(gen.max_tokens)
+        reply: Reply | None = None
+        sent = 0
+        async for ready in self.worker.progress(handle):
+            if reply is None:  # cached_tokens is known once the model has admitted it
+                reply = self._reply(gen, handle, rid)
+                if gen.kind == "chat":
+                    yield _sse(reply.role_chunk())
+            if gen.kind == "generate":
+                latency = self.worker.clock() - handle.submitted
+                meta = reply.meta_info(ready, ready == len(tokens), latency)
+                yield _sse({"text": "".join(tokens[:ready]), "meta_info": meta})
+            else:
+                for i in range(sent, ready):
+                    yield _sse(reply.chunk(tokens[i], i == len(tokens) - 1))
+            sent = ready
+        if reply is not None and gen.include_usage:
+            yield _sse(reply.usage_chunk())
+        yield b"data: [DONE]\n\n"
+
+    async def tokenize(self, request: Request) -> Response:
+        body = await self._body(request)
+        if isinstance(body.get("model"), str):
+            self._check_model(body["model"])
+        ids = parse_tokenize(body)
+        return JSONResponse(
+            {
+                "count": len(ids),
+                "max_model_len": self.config.context_len,
+                "tokens": ids,
+                "token_strs": None,
+            }
+        )
+
+    async def models(self, request: Request) -> Response:
+        name = self.config.model_name
+        card = {
+            "id": name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "cache-router",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.config.context_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=503 if self.worker.failed is not None else 200)
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": f"cache-router-sim {__version__}"})
+
+    async def metrics(self, request: Request) -> Response:
+        self.worker.sync()
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def reset_prefix_cache(self, request: Request) -> Response:
+        if not self.worker.reset_cache():
+            raise ApiError(
+                "requests are in flight; the prefix cache was not reset", 409, "ConflictError"
+            )
+        return Response(status_code=200)
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Unknown paths and methods get OpenAI-style bodies too."""
+    assert isinstance(exc, HTTPException)
+    names = {404: "NotFoundError", 405: "MethodNotAllowedError"}
+    err = ApiError(str(exc.detail), exc.status_code, names.get(exc.status_code, "HTTPError"))
+    return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(config: SimWorkerConfig | None = None) -> Starlette:
+    """The ASGI app of one simulated worker (``app.state.worker`` is its RealTimeWorker)."""
+    config = config or SimWorkerConfig()
+    worker = RealTimeWorker(config.model, config.time_scale)
+    svc = _Service(config, worker)
+    post, get = ["POST"], ["GET"]
+    routes = [
+        Route("/v1/chat/completions", svc._endpoint(parse_chat), methods=post),
+        Route("/v1/completions", svc._endpoint(parse_completion), methods=post),
+        Route("/generate", svc._endpoint(parse_generate), methods=post),
+        Route("/tokenize", svc.tokenize, methods=post),
+        Route("/v1/models", svc.models, methods=get),
+        Route("/health", svc.health, methods=get),
+        Route("/version", svc.version, methods=get),
+        Route("/metrics", svc.metrics, methods=get),
+        Route("/reset_prefix_cache", svc.reset_prefix_cache, methods=post),
+    ]
+    handlers = {ApiError: _api_error, HTTPException: _http_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    app.state.worker = worker
+    app.state.config = config
+    return app
+
+
+# ---- the command -----------------------------------------------------------------------
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``sim-worker`` on the top-level parser."""
+    d = WorkerModelConfig()
+    p = subparsers.add_parser(
+        "sim-worker",
+        help="run a simulated OpenAI-compatible worker (real radix KV cache, batching model)",
+        description="The simulator's worker model as an HTTP server with vLLM's API and "
+        "metrics and SGLang's /generate. See traces/sim_worker.py and traces/worker_model.py.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=int, default=8000, help="port to bind")
+    p.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=d.kv_capacity_tokens,
+        help="KV cache size in tokens (whole 512-token blocks)",
+    )
+    p.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=d.prefill_tokens_per_s,
+        help="prefill throughput for uncached prompt tokens",
+    )
+    p.add_argument(
+        "--step-overhead-ms",
+        type=float,
+        default=d.step_overhead_s * 1000,
+        help="fixed cost of one engine step",
+    )
+    p.add_argument(
+        "--decode-ms-per-seq",
+        type=float,
+        default=d.decode_s_per_seq * 1000,
+        help="added step cost per running sequence",
+    )
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=d.chunk_tokens,
+        help="prefill tokens per step (chunked prefill)",
+    )
+    p.add_argument(
+        "--max-running", type=int, default=d.max_running, help="running batch size limit"
+    )
+    p.add_argument(
+        "--eviction-policy",
+        choices=list(EVICTION_POLICIES),
+        default=d.eviction_policy,
+        help="KV cache eviction order",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt + output accepted (default: the KV capacity)",
+    )
+    p.add_argument("--model-name", default="sim-model", help="served model name")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="model seconds per real second (>1 runs faster than real time)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed for response ids")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn log level (access logs are off)",
+    )
+    p.set_defaults(func=_run)
+
+
+def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
+    model = WorkerModelConfig(
+        kv_capacity_tokens=args.kv_capacity_tokens,
+        chunk_tokens=args.chunk_tokens,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        step_overhead_s=args.step_overhead_ms / 1000,
+        decode_s_per_seq=args.decode_ms_per_seq / 1000,
+        max_running=args.max_running,
+        eviction_policy=args.eviction_policy,
+    )
+    return SimWorkerConfig(model, args.model_name, args.time_scale, args.seed, args.max_model_len)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"cache-router sim-worker: error: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(
+        create_app(config),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+    )
+    return 0

@@ -1,0 +1,259 @@
+"""The real-time engine of the simulated worker: a WorkerModel on the event loop's clock.
+
+Real-time driving (:class:`RealTimeWorker`): model time is ``(loop.time() - t0) *
+time_scale``. The model is only touched from the event loop's thread, so it needs no lock.
+One timer (``loop.call_at``) is armed for the model's ``next_event`` and re-armed whenever the
+model's ``version`` changes; before any submit or scrape the model is first caught up to
+"now" by advancing through every event that is due, at that event's own time, so step
+boundaries keep the model's schedule even when the loop wakes late, and no request is ever
+admitted before it arrived.
+
+Streaming: the first token is sent when the model produces it, the last when the model
+finishes the request. Between them tokens are paced by an estimate, one per decode step of
+the current batch (``step_overhead + decode_per_seq * batch``), never running ahead of the
+second-to-last token; chunked-prefill steps make real steps longer than the estimate, so the
+tail may arrive in a burst at the finish. Timing is therefore exact for TTFT and end-to-end
+latency and approximate in between.
+
+The metrics collector lives here too: it reads the model, so what ``/metrics`` reports and
+what responses report come from the same books.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from traces.record import BLOCK_TOKENS
+from traces.sim_worker_api import FINISH_REASON
+from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+
+log = logging.getLogger(__name__)
+
+MIN_TICK_S = 0.002
+"""Shortest real sleep between streamed tokens, so fast time scales do not spin the loop."""
+
+
+# ---- the real-time driver --------------------------------------------------------------
+
+
+class WorkerUnavailable(Exception):
+    """The model failed; requests in flight and new ones are answered with 503."""
+
+
+@dataclass(eq=False)
+class Handle:
+    """A submitted request's view of the model: resolved with model times."""
+
+    request: SimRequest
+    first: asyncio.Future[float]
+    done: asyncio.Future[float]
+    submitted: float  # real (loop) time
+
+
+def _resolve(fut: asyncio.Future[float], t: float) -> None:
+    if not fut.done():  # a waiter that was cancelled cancels its future
+        fut.set_result(t)
+
+
+class RealTimeWorker:
+    """Owns one :class:`WorkerModel` and keeps it in step with the event loop's clock."""
+
+    def __init__(self, config: WorkerModelConfig, time_scale: float = 1.0) -> None:
+        self.model = WorkerModel(config, self._on_first_token, self._on_finish)
+        self.scale = time_scale
+        self.generation_tokens = 0
+        self.failed: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._t0 = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed: tuple[int, float] | None = None  # (model version, model time)
+        self._inflight: set[Handle] = set()
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        """The clock starts with the first use, on the loop that serves requests."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._t0 = self._loop.time()
+        return self._loop
+
+    def clock(self) -> float:
+        """Real (loop) time now."""
+        return self._bind().time()
+
+    def now(self) -> float:
+        """Model time now."""
+        return (self._bind().time() - self._t0) * self.scale
+
+    def kv_in_use(self) -> float:
+        """Share of KV blocks held by requests in flight, as vLLM v1 reports usage: cached
+        blocks no request holds are free (evictable) there, so an idle worker reads 0."""
+        model, cache = self.model, self.model.cache
+        held = cache.protected_tokens // cache.page_size + model.extra_blocks
+        return min(1.0, held / max(1, model.config.capacity_blocks))
+
+    @property
+    def idle(self) -> bool:
+        return self.model.num_running == 0 and self.model.num_waiting == 0
+
+    def submit(self, blocks: tuple[int, ...], input_length: int, output_length: int) -> Handle:
+        """Queue a request at model time now; await ``handle.first`` / ``handle.done``."""
+        if self.failed is not None:
+            raise WorkerUnavailable(str(self.failed))
+        loop = self._bind()
+        req = SimRequest(blocks=blocks, input_length=input_length, output_length=output_length)
+        handle = Handle(req, loop.create_future(), loop.create_future(), loop.time())
+        req.tag = handle
+        self.sync()
+        self._inflight.add(handle)
+        self.model.submit(req, self.now())
+        self._rearm()
+        return handle
+
+    def sync(self, floor: float = 0.0) -> None:
+        """Advance the model through every event due by now (or ``floor``, if later)."""
+        if self.failed is not None:
+            return
+        model, now = self.model, max(self.now(), floor)
+        try:
+            while model.next_event is not None and model.next_event <= now:
+                model.advance(model.next_event)
+        except Exception as exc:  # a model bug: fail loudly, never hang clients
+            self._fail(exc)
+
+    def reset_cache(self) -> bool:
+        """Drop the prefix cache if nothing is in flight (vLLM's reset_prefix_cache)."""
+        self.sync()
+        if not self.idle:
+            return False
+        self.model.cache.reset()
+        return True
+
+    async def progress(self, handle: Handle) -> AsyncIterator[int]:
+        """How many output tokens exist, as they appear (see the module docstring)."""
+        n = handle.request.output_length
+        t_first = await handle.first
+        emitted = 1
+        yield 1
+        cfg = self.model.config
+        while emitted < n and not handle.done.done():
+            step = cfg.decode_step_s(max(1, len(self.model.decoding)))
+            due = min(n - 1, 1 + int((self.now() - t_first) / step))
+            if due > emitted:
+                emitted = due
+                yield due
+            await asyncio.wait([handle.done], timeout=max(step / self.scale, MIN_TICK_S))
+        await handle.done
+        if n > emitted:
+            yield n
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _rearm(self) -> None:
+        model = self.model
+        when = model.next_event
+        if when is None or self.failed is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = self._armed = None
+            return
+        if self._timer is not None and self._armed == (model.version, when):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed = (model.version, when)
+        self._timer = self._bind().call_at(self._t0 + when / self.scale, self._tick, when)
+
+    def _tick(self, when: float) -> None:
+        self._timer = self._armed = None
+        self.sync(floor=when)  # the loop may wake a hair early: never re-arm for the past
+        self._rearm()
+
+    def _on_first_token(self, req: SimRequest, t: float) -> None:
+        self.generation_tokens += 1
+        _resolve(req.tag.first, t)
+
+    def _on_finish(self, req: SimRequest, t: float) -> None:
+        self.generation_tokens += max(0, req.output_length - 1)
+        self._inflight.discard(req.tag)
+        _resolve(req.tag.done, t)
+
+    def _fail(self, exc: Exception) -> None:
+        log.exception("worker model failed; the simulated worker is now unhealthy")
+        self.failed = exc
+        for handle in self._inflight:
+            for fut in (handle.first, handle.done):
+                if not fut.done():
+                    fut.set_exception(WorkerUnavailable(str(exc)))
+                    fut.exception()  # retrieved: waiters that are gone must not log it
+        self._inflight.clear()
+
+
+# ---- metrics ---------------------------------------------------------------------------
+
+
+class VllmCollector(Collector):
+    """vLLM's metric names, read from the model at scrape time (one place, no double books).
+
+    Token counters are the model's own totals at admission, the moment vLLM counts prefix
+    cache queries and hits, so they agree with the ``cached_tokens`` the responses report.
+    """
+
+    def __init__(self, worker: RealTimeWorker, model_name: str) -> None:
+        self.worker = worker
+        self.labels = {"model_name": model_name, "engine": "0"}
+
+    def collect(self) -> Iterator[Metric]:
+        worker, model = self.worker, self.worker.model
+        keys, values = list(self.labels), list(self.labels.values())
+        stats = model.stats
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            metric = CounterMetricFamily(name, doc, labels=keys)
+            metric.add_metric(values, value)
+            return metric
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            metric = GaugeMetricFamily(name, doc, labels=keys)
+            metric.add_metric(values, value)
+            return metric
+
+        queries = "Prefix cache queries, in terms of number of queried tokens."
+        yield counter("vllm:prefix_cache_queries", queries, stats.prompt_tokens)
+        hits = "Prefix cache hits, in terms of number of cached tokens."
+        yield counter("vllm:prefix_cache_hits", hits, stats.cached_tokens)
+        yield counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens
+        )
+        cached = "Number of cached prompt tokens (local prefix cache)."
+        yield counter("vllm:prompt_tokens_cached", cached, stats.cached_tokens)
+        gen = "Number of generation tokens processed."
+        yield counter("vllm:generation_tokens", gen, worker.generation_tokens)
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*keys, "finished_reason"],
+        )
+        success.add_metric([*values, FINISH_REASON], stats.finished)
+        yield success
+        yield gauge(
+            "vllm:num_requests_running", "Requests in model execution batches.", model.num_running
+        )
+        yield gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be processed.", model.num_waiting
+        )
+        usage = "KV-cache usage. 1 means 100 percent usage."
+        yield gauge("vllm:kv_cache_usage_perc", usage, worker.kv_in_use())
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"],
+        )
+        blocks = str(model.config.capacity_blocks)
+        info.add_metric([str(BLOCK_TOKENS), blocks, "True", "0"], 1.0)
+        yield info

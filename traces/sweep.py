@@ -1,0 +1,183 @@
+"""``cache-router replay`` and ``cache-router sweep``: live policy comparisons.
+
+``replay`` sends a trace through one running router. ``sweep`` does it once per policy: for
+each, a fresh router with that policy in front of the same workers, the workers' caches reset
+in between (``POST /reset_prefix_cache``; where a worker refuses, each policy gets its own
+prompt salt so no run hits the previous run's prompts), and ``capped`` replays the capped
+trace. Workers are either given (``--worker``, real vLLM / SGLang) or started here
+(``--sim-workers N``). Both write the same results.json as ``simulate``.
+
+With ``--sim-workers`` the simulated workers run ``--speedup`` times faster than real time,
+like the arrivals, so the fleet sees the trace's load; client-measured times are then
+multiplied by the speedup, so they read in the modelled deployment's seconds
+(``time_scale`` in results.json says by how much).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from policies.registry import PICKER_NAMES
+from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
+from traces.fleet import reset_caches, router, sim_workers
+from traces.formats import load_trace
+from traces.record import TraceRequest
+from traces.replay import ReplayConfig, ReplayOutcome, replay
+from traces.report import markdown_table, results_document, write_plots, write_results
+from traces.simulate import parse_policies, trace_summary
+
+SWEEP_POLICIES = "lmetric,load_only,sticky,unified,capped"
+
+
+def select(trace: list[TraceRequest], args: argparse.Namespace) -> list[TraceRequest]:
+    if args.duration is not None:
+        trace = [r for r in trace if r.arrival / args.speedup <= args.duration]
+    if args.max_requests is not None:
+        trace = trace[: args.max_requests]
+    return trace
+
+
+def scaled(outcome: ReplayOutcome, time_scale: float) -> ReplayOutcome:
+    """Client times in the modelled deployment's seconds (see the module docstring)."""
+    run = outcome.run
+    if time_scale != 1.0:
+        run.arrival = run.arrival * time_scale
+        run.first_token = run.first_token * time_scale
+        run.finish = run.finish * time_scale
+    return outcome
+
+
+def outcome_document(trace_info: dict, outcomes: Sequence[ReplayOutcome], workers: int,
+                     wall: float, time_scale: float) -> dict:  # fmt: skip
+    """results.json for live runs: ``hit_rate`` is the workers' own metric."""
+    document = results_document(trace_info, workers, wall, [o.run for o in outcomes])
+    document["time_scale"] = time_scale
+    for outcome in outcomes:
+        entry = document["policies"][outcome.run.name]
+        entry["hit_rate"] = outcome.worker_hit_rate
+        entry["reported_hit_rate"] = outcome.reported_hit_rate
+        entry["errors"] = outcome.errors
+        for key in ("shadow_abs_error", "pick_us_p50", "pick_us_p99"):
+            entry[key] = None  # measured inside the router: see its /metrics
+    return document
+
+
+def _replay_config(args: argparse.Namespace, url: str, salt: int, workers=()) -> ReplayConfig:
+    return ReplayConfig(
+        url=url,
+        speedup=args.speedup,
+        prompt_mode=args.prompt_mode,
+        vocab_size=args.vocab_size,
+        salt=salt,
+        model=args.model,
+        max_output_tokens=args.max_output_tokens,
+        worker_urls=tuple(workers),
+        progress=True,
+    )
+
+
+def _report(document: dict, outcomes: Sequence[ReplayOutcome], out: Path) -> None:
+    written = write_results(document, out) + write_plots([o.run for o in outcomes], out)
+    print(markdown_table(document))
+    for o in outcomes:
+        if o.errors:
+            print(f"{o.run.name}: {o.errors} errors, e.g. {o.error_samples[0]}", file=sys.stderr)
+    print(f"{document['wall_seconds']:.1f} s; wrote {', '.join(str(p) for p in written)}")
+
+
+def _replay_main(args: argparse.Namespace) -> int:
+    trace = select(load_trace(args.trace), args)
+    cfg = _replay_config(args, args.url, args.salt, args.worker_metrics or ())
+    started = time.perf_counter()
+    outcome = asyncio.run(replay(trace, cfg, args.name))
+    document = outcome_document(
+        trace_summary(args.trace, trace), [outcome], len(outcome.workers),
+        time.perf_counter() - started, 1.0,
+    )  # fmt: skip
+    _report(document, [outcome], Path(args.out))
+    return 1 if outcome.run.requests == 0 else 0
+
+
+def run_sweep(
+    trace: list[TraceRequest], args: argparse.Namespace
+) -> tuple[dict, list[ReplayOutcome]]:
+    """Replay ``trace`` once per policy in ``args.policies``: results.json and the runs."""
+    policies = parse_policies(args.policies)
+    extra_router = shlex.split(args.router_args)
+    time_scale = args.speedup if args.sim_workers else 1.0
+    outcomes: list[ReplayOutcome] = []
+    started = time.perf_counter()
+    sim_args = ["--time-scale", str(args.speedup), *shlex.split(args.sim_worker_args)]
+    with sim_workers(args.sim_workers or 0, sim_args) as sims:
+        workers = [s.url for s in sims] or list(args.worker)
+        if not workers:
+            raise ValueError("give --worker URL ... or --sim-workers N")
+        for k, policy in enumerate(policies):
+            clean = reset_caches(workers)
+            salt = args.salt if clean else args.salt + 7919 * (k + 1)
+            if not clean:
+                print(f"  workers refused a cache reset: salt {salt} for {policy}", file=sys.stderr)
+            policy_trace = (
+                build_capped_trace(trace, args.max_turns) if policy == "capped" else trace
+            )
+            with router(workers, policy, extra_router) as svc:
+                cfg = _replay_config(args, svc.url, salt, workers)
+                outcome = asyncio.run(replay(policy_trace, cfg, policy))
+            outcomes.append(scaled(outcome, time_scale))
+    wall = time.perf_counter() - started
+    document = outcome_document(
+        trace_summary(args.trace, trace), outcomes, len(workers), wall, time_scale
+    )
+    return document, outcomes
+
+
+def _sweep_main(args: argparse.Namespace) -> int:
+    trace = select(load_trace(args.trace), args)
+    document, outcomes = run_sweep(trace, args)
+    _report(document, outcomes, Path(args.out))
+    return 0 if all(o.run.requests > 0 for o in outcomes) else 1
+
+
+def add_replay_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, help="trace file or Weka directory")
+    p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+    p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
+    p.add_argument("--duration", type=float, default=None, help="seconds of (sped-up) trace")
+    p.add_argument("--prompt-mode", choices=("tokens", "text"), default="tokens")
+    p.add_argument("--vocab-size", type=int, default=32_000, help="token ids are below this")
+    p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    p.add_argument("--max-output-tokens", type=int, default=None, help="cap output lengths")
+    p.add_argument("--salt", type=int, default=0, help="changes every prompt block")
+    p.add_argument("--out", default="out/replay", help="directory for results and plots")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    p = sub.add_parser("replay", help="replay a trace through a running router", description=
+                       __doc__, formatter_class=fmt)  # fmt: skip
+    add_replay_options(p)
+    p.add_argument("--url", required=True, help="router (or worker) base URL")
+    p.add_argument("--worker-metrics", nargs="+", default=None,
+                   help="worker URLs whose /metrics give the true hit rate "
+                   "(default: the router's GET /workers)")  # fmt: skip
+    p.add_argument("--name", default="replay", help="name of this run in the report")
+    p.set_defaults(func=_replay_main)
+
+    s = sub.add_parser("sweep", help="replay a trace once per policy, live", description=__doc__,
+                       formatter_class=fmt)  # fmt: skip
+    add_replay_options(s)
+    s.set_defaults(out="out/sweep")
+    s.add_argument("--policies", default=SWEEP_POLICIES,
+                   help=f"comma-separated, from {', '.join(PICKER_NAMES)}")  # fmt: skip
+    s.add_argument("--worker", nargs="+", action="extend", default=[], help="worker base URLs")
+    s.add_argument("--sim-workers", type=int, default=0, help="start N simulated workers")
+    s.add_argument("--sim-worker-args", default="", help="extra sim-worker options")
+    s.add_argument("--router-args", default="", help="extra `cache-router serve` options")
+    s.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
+    s.set_defaults(func=_sweep_main)
