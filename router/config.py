@@ -1,0 +1,220 @@
+"""The proxy's settings: one pydantic-settings model, fed by defaults, a YAML file, the
+environment (``CACHE_ROUTER_*``) and the command line, in increasing priority.
+
+Every option is a field here with its default and a description; ``cache-router serve
+--help`` is generated from these fields (:mod:`router.serve`), so the help cannot drift from
+what the code reads.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from policies.registry import PICKER_NAMES, make_picker
+from router.block_hash import BLOCK_SIZE
+
+ENV_PREFIX = "CACHE_ROUTER_"
+
+
+def _split_list(value: Any) -> Any:
+    """Accept a list, a JSON list, or a comma/space separated string (env-friendly)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return yaml.safe_load(text)
+        return [part for part in text.replace(",", " ").split() if part]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything `cache-router serve` can be told; see each field's description."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    workers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="worker base URLs (vLLM or SGLang), e.g. http://10.0.0.5:8000",
+    )
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8080, ge=0, le=65535, description="port to listen on")
+    policy: str = Field("lmetric", description=f"picker: one of {', '.join(PICKER_NAMES)}")
+    picker_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="picker keyword arguments (see policies/<name>.py), e.g. overload_factor=3",
+    )
+    shadow: Literal["blocks", "radix"] = Field(
+        "blocks",
+        description="shadow that answers estimate_cache_hit: block-hash LRU or radix tree "
+        "(both are kept and scored)",
+    )
+    kv_capacity_tokens: int = Field(
+        1_000_000, gt=0, description="KV cache capacity of each worker, in tokens (sizes shadows)"
+    )
+    worker_kv_capacity_tokens: dict[str, int] = Field(
+        default_factory=dict, description="per-worker KV capacity override: URL=TOKENS"
+    )
+    block_size: int = Field(BLOCK_SIZE, gt=0, description="tokens per shadow block")
+    radix_eviction: str = Field("lru", description="eviction policy of the shadow radix tree")
+    tokenizer: str = Field(
+        "approx",
+        description="'approx' (text bytes, no files needed), 'worker' (ask the worker's "
+        "/tokenize), or a path to a model folder / tokenizer.json (exact)",
+    )
+    tokenize_path: str = Field("/tokenize", description="worker endpoint for --tokenizer worker")
+    tokenize_cache_bytes: int = Field(
+        64 << 20, ge=0, description="bytes of token ids cached from worker /tokenize answers"
+    )
+    tokenize_timeout_s: float = Field(
+        5.0, gt=0, description="timeout of a worker /tokenize call (then: approx)"
+    )
+    session_header: str = Field(
+        "X-Session-ID", description="request header naming the session (else body user/session_id)"
+    )
+    connect_timeout_s: float = Field(5.0, gt=0, description="timeout to connect to a worker")
+    read_timeout_s: float = Field(
+        600.0, gt=0, description="longest wait for the next bytes from a worker (504 before any)"
+    )
+    max_attempts: int = Field(
+        3, ge=1, description="workers tried per request (connect error / 5xx before any byte)"
+    )
+    health_interval_s: float = Field(2.0, gt=0, description="seconds between health probes")
+    health_timeout_s: float = Field(2.0, gt=0, description="timeout of one health probe")
+    health_failure_threshold: int = Field(
+        3,
+        ge=1,
+        description="consecutive failures (probes or connect errors) that take a worker out",
+    )
+    health_path: str = Field("/health", description="worker path probed for health")
+    max_body_bytes: int = Field(32 << 20, gt=0, description="largest accepted request body (413)")
+    admin_key: str | None = Field(
+        None, description="key required (Bearer or X-Admin-Key) to POST/DELETE /workers"
+    )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="client API keys accepted (Bearer); empty: no check"
+    )
+    worker_api_key: str | None = Field(
+        None, description="Bearer key sent to workers instead of the client's Authorization"
+    )
+    stream_usage: bool = Field(
+        True,
+        description="ask workers for usage in streams (stream_options.include_usage) to read "
+        "cached tokens; the extra chunk is dropped when the client did not ask for it",
+    )
+    correct_shadow: bool = Field(
+        True, description="adapt shadow capacity to the cached tokens workers report"
+    )
+    worker_header: bool = Field(True, description="add x-cache-router-worker: <url> to responses")
+    log_level: str = Field("info", description="log level (debug, info, warning, error)")
+    access_log: bool = Field(False, description="log every request (costs throughput)")
+    shutdown_timeout_s: float = Field(
+        30.0, gt=0, description="on SIGTERM, how long in-flight requests may finish"
+    )
+
+    @field_validator("workers", "api_keys", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("workers")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        out: list[str] = []
+        for url in value:
+            url = normalize_url(url)
+            if url not in out:
+                out.append(url)
+        return out
+
+    @field_validator("worker_kv_capacity_tokens")
+    @classmethod
+    def _capacity_urls(cls, value: dict[str, int]) -> dict[str, int]:
+        return {normalize_url(url): tokens for url, tokens in value.items()}
+
+    @model_validator(mode="after")
+    def _check_names(self) -> Settings:
+        make_picker(self.policy, **self.picker_params)  # ValueError lists what is valid
+        if self.tokenizer not in ("approx", "worker") and not Path(self.tokenizer).exists():
+            raise ValueError(
+                f"tokenizer must be 'approx', 'worker' or an existing path, not {self.tokenizer!r}"
+            )
+        from router.radix_tree import EVICTION_POLICIES
+
+        if self.radix_eviction not in EVICTION_POLICIES:
+            raise ValueError(
+                f"radix_eviction must be one of {', '.join(EVICTION_POLICIES)}, "
+                f"not {self.radix_eviction!r}"
+            )
+        return self
+
+    def capacity_for(self, url: str) -> int:
+        """KV capacity (tokens) of the worker at ``url``."""
+        return self.worker_kv_capacity_tokens.get(url, self.kv_capacity_tokens)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # command line (init) > environment > YAML file > defaults
+        return init_settings, env_settings, _YamlSource(settings_cls)
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """The values of the YAML file being loaded (set by :func:`load_settings`)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return (_YAML_VALUES.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_YAML_VALUES.get() or {})
+
+
+_YAML_VALUES: ContextVar[dict[str, Any] | None] = ContextVar("_YAML_VALUES", default=None)
+
+
+def normalize_url(url: str) -> str:
+    """``host:port`` → ``http://host:port``; no trailing slash (so one worker, one key)."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"worker URL must be http(s): {url!r}")
+    return url
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Settings from a YAML file, the environment and ``overrides`` (highest priority).
+
+    ``overrides`` whose value is None are ignored, so an argparse namespace with unset options
+    can be passed as is. Environment variables beat the YAML file; the file beats defaults.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    file_values: dict[str, Any] = {}
+    if config_file is not None:
+        text = Path(config_file).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{config_file}: expected a mapping of option: value")
+        file_values = {str(k).replace("-", "_"): v for k, v in loaded.items()}
+        if "worker" in file_values and "workers" not in file_values:
+            file_values["workers"] = file_values.pop("worker")
+    token = _YAML_VALUES.set(file_values)
+    try:
+        return Settings(**given)
+    finally:
+        _YAML_VALUES.reset(token)

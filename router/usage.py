@@ -1,0 +1,126 @@
+"""Reading the worker's own count of cached prompt tokens from its responses.
+
+vLLM (``--enable-prompt-tokens-details``) reports ``usage.prompt_tokens_details.cached_tokens``;
+SGLang reports ``meta_info.cached_tokens`` (``/generate``) and the OpenAI ``usage`` shape on
+its OpenAI API. JSON encodes quotes inside strings as ``\\"``, so an unescaped
+``"cached_tokens": N`` can only be a key: a regex over the bytes finds it without parsing
+the body, and a batch's counts add up.
+
+Streams: :class:`StreamScanner` forwards whole SSE events as they arrive (a partial event is
+held until its end: a client cannot use half an event), finds the counts in the event that
+carries them, and drops the usage-only chunk (``"choices": []``) that the router asked the
+worker for when the client did not ask for it itself.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+import orjson
+
+_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+MAX_PENDING = 1 << 20  # an "event" this long without a blank line is not SSE: pass it on
+
+
+class Usage(NamedTuple):
+    """Cached prompt tokens the worker reported, and its prompt token count when given."""
+
+    cached_tokens: int
+    prompt_tokens: int | None
+
+
+def scan_body(data: bytes) -> Usage | None:
+    """Counts in a whole (non-streamed) response body; None when it reports nothing."""
+    cached = _CACHED.findall(data)
+    if not cached:
+        return None
+    prompt = _PROMPT.findall(data)
+    return Usage(sum(map(int, cached)), sum(map(int, prompt)) if prompt else None)
+
+
+def _first_usage(data: bytes) -> Usage | None:
+    """Counts of the first event that has them (SGLang repeats them in every event)."""
+    cached = _CACHED.search(data)
+    if cached is None:
+        return None
+    start = data.rfind(b"\n\n", 0, cached.start()) + 1
+    end = data.find(b"\n\n", cached.end())
+    prompt = _PROMPT.search(data, start, end if end >= 0 else len(data))
+    return Usage(int(cached.group(1)), int(prompt.group(1)) if prompt else None)
+
+
+def _event_payload(event: bytes) -> bytes:
+    return b"\n".join(
+        line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")
+    )
+
+
+class StreamScanner:
+    """Splits an SSE body into whole events, reads usage once, drops the injected chunk."""
+
+    __slots__ = ("drop_usage_chunk", "pending", "usage")
+
+    def __init__(self, drop_usage_chunk: bool) -> None:
+        self.drop_usage_chunk = drop_usage_chunk
+        self.pending = b""
+        self.usage: Usage | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """The whole events completed by ``data``, to forward now (possibly ``b""``)."""
+        if self.pending:
+            data = self.pending + data
+        a = data.rfind(b"\n\n")
+        b = data.rfind(b"\r\n\r\n")
+        cut = max(a + 2 if a >= 0 else 0, b + 4 if b >= 0 else 0)
+        if cut < len(data):
+            if cut == 0 and len(data) > MAX_PENDING:
+                self.pending = b""
+                return data
+            self.pending = data[cut:]
+            data = data[:cut]
+        else:
+            self.pending = b""
+        if data and (self.drop_usage_chunk or self.usage is None):
+            data = self._scan(data)
+        return data
+
+    def flush(self) -> bytes:
+        """Whatever is left at the end of the stream."""
+        rest, self.pending = self.pending, b""
+        if rest and (self.drop_usage_chunk or self.usage is None):
+            rest = self._scan(rest)
+        return rest
+
+    def _scan(self, data: bytes) -> bytes:
+        if self.drop_usage_chunk:
+            if _USAGE_OBJECT.search(data) is None:
+                return data
+            return self._drop_usage_events(data)
+        found = _first_usage(data)
+        if found is not None:
+            self.usage = found
+        return data
+
+    def _drop_usage_events(self, data: bytes) -> bytes:
+        kept: list[bytes] = []
+        for event in re.split(rb"(?<=\n\n)|(?<=\r\n\r\n)", data):
+            if not event or _USAGE_OBJECT.search(event) is None:
+                kept.append(event)
+                continue
+            try:
+                obj = orjson.loads(_event_payload(event))
+            except orjson.JSONDecodeError:
+                kept.append(event)
+                continue
+            usage = obj.get("usage") if isinstance(obj, dict) else None
+            if isinstance(usage, dict):
+                found = _first_usage(event)
+                if found is not None:
+                    self.usage = found
+                if not obj.get("choices"):
+                    continue  # the usage-only chunk the client never asked for
+            kept.append(event)
+        return b"".join(kept)

@@ -1,0 +1,80 @@
+"""Settings: defaults, YAML < environment < command line, validation, generated --help."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from router.cli import build_parser
+from router.config import Settings, load_settings
+from router.serve import settings_from_args
+
+
+def test_defaults_need_nothing():
+    s = load_settings()
+    assert s.workers == [] and s.policy == "lmetric" and s.shadow == "blocks"
+    assert s.tokenizer == "approx" and s.session_header == "X-Session-ID"
+    assert s.kv_capacity_tokens // s.block_size == 1953
+
+
+def test_yaml_then_env_then_flags(tmp_path, monkeypatch):
+    config = tmp_path / "router.yaml"
+    config.write_text(
+        "worker: [10.0.0.1:8000, 'http://10.0.0.2:8000/']\npolicy: sticky\nport: 9000\n"
+        "picker-params: {max_sessions: 10}\nkv_capacity_tokens: 4096\n"
+    )
+    s = load_settings(config)
+    assert s.workers == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert (s.policy, s.port, s.picker_params) == ("sticky", 9000, {"max_sessions": 10})
+    monkeypatch.setenv("CACHE_ROUTER_PORT", "9100")
+    monkeypatch.setenv("CACHE_ROUTER_WORKERS", "a:1, b:2")
+    s = load_settings(config)
+    assert s.port == 9100 and s.workers == ["http://a:1", "http://b:2"]
+    s = load_settings(config, port=9200, policy=None)
+    assert s.port == 9200 and s.policy == "sticky"  # None = flag not given
+
+
+def test_invalid_values_are_rejected_with_the_valid_ones():
+    with pytest.raises(ValidationError, match="choose one of"):
+        load_settings(policy="nope")
+    with pytest.raises(ValidationError, match="unknown parameter"):
+        load_settings(policy="lmetric", picker_params={"bogus": 1})
+    with pytest.raises(ValidationError):
+        load_settings(shadow="tree")
+    with pytest.raises(ValidationError, match="http"):
+        load_settings(workers=["ftp://x"])
+    with pytest.raises(ValidationError, match="radix_eviction"):
+        load_settings(radix_eviction="random")
+    with pytest.raises(ValidationError, match="existing path"):
+        load_settings(tokenizer="/no/such/model")
+
+
+def test_serve_flags_cover_every_setting_and_help_shows_defaults(capsys):
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in Settings.model_fields:
+        assert f"env CACHE_ROUTER_{name.upper()}" in text
+    assert "--worker URL" in text and "(default: lmetric;" in text
+    assert "{blocks,radix}" in text
+
+
+def test_serve_flags_parse_into_settings():
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--worker", "http://a:1", "http://b:2",
+            "--worker", "c:3",
+            "--policy", "unified",
+            "--picker-param", "overload_factor=3.5",
+            "--worker-kv-capacity", "http://a:1=2048",
+            "--no-stream-usage",
+            "--api-key", "k1", "k2",
+        ]
+    )  # fmt: skip
+    s = settings_from_args(args)
+    assert s.workers == ["http://a:1", "http://b:2", "http://c:3"]
+    assert s.picker_params == {"overload_factor": 3.5}
+    assert s.capacity_for("http://a:1") == 2048 and s.capacity_for("http://b:2") == 1_000_000
+    assert s.stream_usage is False and s.api_keys == ["k1", "k2"]
