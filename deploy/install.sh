@@ -1,0 +1,19 @@
+#!/bin/sh
+# The image's install steps, in one place: the Dockerfile's build stage runs this script, and
+# `make image-steps` (deploy/check_image_steps.sh) runs the same script in a fresh venv here.
+#
+#   deploy/install.sh VENV [SRC]
+#
+# Creates the virtualenv VENV, installs the project at SRC (default: .) into it without any
+# extra (a wheel built by pip, not an editable install), checks that its dependencies are
+# consistent, and removes pip and setuptools so the venv holds only what runs.
+set -eu
+venv=${1:?usage: install.sh VENV [SRC]}
+src=${2:-.}
+
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet "$src"
+"$venv/bin/python" -m pip check
+# Runtime only: no installer and no build backend in the image.
+"$venv/bin/python" -m pip uninstall --quiet --yes pip setuptools
