@@ -56,7 +56,12 @@ class ReplayOutcome:
     workers: list[str]
     worker_hit_rate: float | None  # from the workers' /metrics deltas
     reported_hit_rate: float
+    send_lag: np.ndarray  # seconds each request left after its scheduled time (open loop)
     error_samples: list[str] = field(default_factory=list)
+
+    @property
+    def send_lag_p99(self) -> float:
+        return float(np.percentile(self.send_lag, 99)) if len(self.send_lag) else 0.0
 
 
 def _counter_sums(text: str) -> dict[str, float]:
@@ -126,6 +131,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
         raise ValueError("prompt_mode must be tokens or text, speedup > 0")
     n = len(trace)
     arrival = np.array([r.arrival / cfg.speedup for r in trace])
+    sent = np.full(n, np.nan)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     out_tokens = np.zeros(n, dtype=np.int64)
@@ -148,6 +154,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
                 await asyncio.sleep(delay)
             body = _body(req, cfg, model)
             headers = {cfg.session_header: req.session_id}
+            sent[i] = time.perf_counter() - start
             try:
                 async with (
                     gate,
@@ -213,4 +220,5 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
         queries = after[QUERIES] - before[QUERIES]
         worker_rate = (after[HITS] - before[HITS]) / queries if queries > 0 else None
     reported = float(cached[ok].sum()) / max(1.0, float(input_length.sum()))
-    return ReplayOutcome(run, len(errors), workers, worker_rate, reported, errors[:5])
+    lag = sent[~np.isnan(sent)] - arrival[~np.isnan(sent)]
+    return ReplayOutcome(run, len(errors), workers, worker_rate, reported, lag, errors[:5])

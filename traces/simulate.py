@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from policies.registry import PICKER_NAMES, make_picker, picker_params
@@ -52,6 +53,11 @@ def run_policies(
             policy_trace = capped
         runs.append(simulate(policy_trace, make_picker(name, **params), config, name, progress))
     return runs
+
+
+def cap_output(trace: Sequence[TraceRequest], max_tokens: int) -> list[TraceRequest]:
+    """The trace with output lengths capped (as replay's --max-output-tokens caps them)."""
+    return [replace(r, output_length=min(r.output_length, max_tokens)) for r in trace]
 
 
 def trace_summary(path: str, trace: Sequence[TraceRequest]) -> dict:
@@ -102,6 +108,7 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
     p.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
     p.add_argument("--seed", type=int, default=0, help="seed for random pickers")
+    p.add_argument("--max-output-tokens", type=int, default=None, help="cap output lengths")
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -125,6 +132,8 @@ def run_and_report(
     policies = parse_policies(args.policies)
     if args.max_requests is not None:
         trace = trace[: args.max_requests]
+    if args.max_output_tokens is not None:
+        trace = cap_output(trace, args.max_output_tokens)
     print(
         f"{len(trace)} requests, {config.workers} workers, shadow={config.shadow}, "
         f"KV {config.worker.kv_capacity_tokens:,} tokens/worker",

@@ -63,6 +63,7 @@ def outcome_document(trace_info: dict, outcomes: Sequence[ReplayOutcome], worker
         entry["hit_rate"] = outcome.worker_hit_rate
         entry["reported_hit_rate"] = outcome.reported_hit_rate
         entry["errors"] = outcome.errors
+        entry["send_lag_p99"] = outcome.send_lag_p99
         for key in ("shadow_abs_error", "pick_us_p50", "pick_us_p99"):
             entry[key] = None  # measured inside the router: see its /metrics
     return document
@@ -82,7 +83,7 @@ def _replay_config(args: argparse.Namespace, url: str, salt: int, workers=()) ->
     )
 
 
-def _report(document: dict, outcomes: Sequence[ReplayOutcome], out: Path) -> None:
+def report_outcomes(document: dict, outcomes: Sequence[ReplayOutcome], out: Path) -> None:
     written = write_results(document, out) + write_plots([o.run for o in outcomes], out)
     print(markdown_table(document))
     for o in outcomes:
@@ -100,7 +101,7 @@ def _replay_main(args: argparse.Namespace) -> int:
         trace_summary(args.trace, trace), [outcome], len(outcome.workers),
         time.perf_counter() - started, 1.0,
     )  # fmt: skip
-    _report(document, [outcome], Path(args.out))
+    report_outcomes(document, [outcome], Path(args.out))
     return 1 if outcome.run.requests == 0 else 0
 
 
@@ -140,7 +141,7 @@ def run_sweep(
 def _sweep_main(args: argparse.Namespace) -> int:
     trace = select(load_trace(args.trace), args)
     document, outcomes = run_sweep(trace, args)
-    _report(document, outcomes, Path(args.out))
+    report_outcomes(document, outcomes, Path(args.out))
     return 0 if all(o.run.requests > 0 for o in outcomes) else 1
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import traces
 from policies.registry import make_picker
 from router.cli import main
-from router.demo import sample_trace_path
 from traces.formats import load_trace
 from traces.simulate import run_policies
 from traces.simulator import SimConfig, simulate
@@ -19,11 +19,12 @@ from traces.synth import SynthConfig, synthesize
 from traces.worker_model import WorkerModelConfig
 
 HUGE = WorkerModelConfig(kv_capacity_tokens=10**10)
+SAMPLE = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
 
 
 @pytest.fixture(scope="module")
 def conversation():
-    return load_trace(sample_trace_path())
+    return load_trace(SAMPLE)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_simulate_command_writes_results_and_plots(tmp_path: Path):
     out = tmp_path / "sim"
     code = main(
         [
-            "simulate", "--trace", str(sample_trace_path()), "--max-requests", "300",
+            "simulate", "--trace", str(SAMPLE), "--max-requests", "300",
             "--workers", "3", "--policies", "lmetric,round_robin,capped", "--out", str(out),
         ]
     )  # fmt: skip
@@ -100,7 +101,7 @@ def test_simulate_command_writes_results_and_plots(tmp_path: Path):
 
 
 def test_simulate_rejects_unknown_policy(tmp_path: Path, capsys):
-    code = main(["simulate", "--trace", str(sample_trace_path()), "--policies", "fastest",
+    code = main(["simulate", "--trace", str(SAMPLE), "--policies", "fastest",
                  "--out", str(tmp_path)])  # fmt: skip
     assert code == 2
     assert "unknown policies" in capsys.readouterr().err
