@@ -22,10 +22,10 @@ SLOW = pytest.mark.skipif(
 
 def test_live_sweep_agrees_with_the_simulator(tmp_path: Path):
     common = ["--trace", str(CONVERSATION), "--policies", "lmetric,unified", "--max-requests",
-              "150", "--max-output-tokens", "64"]  # fmt: skip
+              "120", "--max-output-tokens", "64"]  # fmt: skip
     parser = build_parser()
     live_args = parser.parse_args(
-        ["sweep", *common, "--sim-workers", "4", "--speedup", "5", "--prompt-mode", "text",
+        ["sweep", *common, "--sim-workers", "4", "--speedup", "3", "--prompt-mode", "text",
          "--sim-worker-args", "--kv-capacity-tokens 1000000", "--out", str(tmp_path / "live")]
     )  # fmt: skip
     trace = load_trace(CONVERSATION)
@@ -37,11 +37,11 @@ def test_live_sweep_agrees_with_the_simulator(tmp_path: Path):
     offline = run_and_report(str(CONVERSATION), trace, sim_args, tmp_path / "sim", plots=False)
     for name in ("lmetric", "unified"):
         got, want = live["policies"][name], offline["policies"][name]
-        assert got["errors"] == 0 and got["requests"] == want["requests"] == 150
+        assert got["errors"] == 0 and got["requests"] == want["requests"] == 120
         assert abs(got["hit_rate"] - want["hit_rate"]) <= 0.05, name
         assert abs(got["ttft_p50"] / want["ttft_p50"] - 1) <= 0.25, name
-        assert got["send_lag_p99"] < 0.1  # the client kept to the trace's schedule
-    assert live["time_scale"] == 5.0
+        assert got["send_lag_p99"] < 1.0  # open loop (tight bound: test_replay.py)
+    assert live["time_scale"] == 3.0
     assert all(o.worker_hit_rate is not None for o in outcomes)
 
 
