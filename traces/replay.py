@@ -14,23 +14,23 @@ metric, ``reported_hit_rate`` the sum of ``cached_tokens`` in the responses.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import httpx
 import numpy as np
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.upstream import UpstreamError, UpstreamPool
 from traces.prompts import prompt_text, prompt_token_ids
 from traces.record import TraceRequest
 from traces.simulator import PolicyRun
 
 HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
-WORKER_HEADER = "x-cache-router-worker"
+WORKER_HEADER = b"x-cache-router-worker"
 
 
 @dataclass(frozen=True)
@@ -73,36 +73,57 @@ def _counter_sums(text: str) -> dict[str, float]:
     return sums
 
 
-async def scrape_hits(client: httpx.AsyncClient, urls: Sequence[str]) -> dict[str, float] | None:
+class _Clients:
+    """One keep-alive connection pool per base URL (the router's own HTTP/1.1 client)."""
+
+    def __init__(self) -> None:
+        self._pools: dict[str, UpstreamPool] = {}
+
+    def pool(self, url: str) -> UpstreamPool:
+        url = url.rstrip("/")
+        if url not in self._pools:
+            self._pools[url] = UpstreamPool(url, connect_timeout=10.0)
+        return self._pools[url]
+
+    async def get(self, url: str, path: str) -> tuple[int, bytes]:
+        return await self.pool(url).fetch("GET", path, timeout=10.0)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+
+
+async def scrape_hits(clients: _Clients, urls: Sequence[str]) -> dict[str, float] | None:
     """Summed prefix-cache hit and query counters of ``urls`` (None if any is unreadable)."""
     total = {HITS: 0.0, QUERIES: 0.0}
     for url in urls:
         try:
-            resp = await client.get(f"{url.rstrip('/')}/metrics", timeout=10)
-            resp.raise_for_status()
-        except httpx.HTTPError:
+            status, body = await clients.get(url, "/metrics")
+        except (UpstreamError, OSError):
             return None
-        for k, v in _counter_sums(resp.text).items():
+        if status != 200:
+            return None
+        for k, v in _counter_sums(body.decode(errors="replace")).items():
             total[k] += v
     return total
 
 
-async def _discover(client: httpx.AsyncClient, cfg: ReplayConfig) -> tuple[str, list[str]]:
-    base = cfg.url.rstrip("/")
+async def _discover(clients: _Clients, cfg: ReplayConfig) -> tuple[str, list[str]]:
     model = cfg.model
     if model is None:
-        resp = await client.get(f"{base}/v1/models", timeout=10)
-        resp.raise_for_status()
-        model = resp.json()["data"][0]["id"]
+        status, body = await clients.get(cfg.url, "/v1/models")
+        if status != 200:
+            raise ValueError(f"GET {cfg.url}/v1/models answered {status}")
+        model = orjson.loads(body)["data"][0]["id"]
     workers = list(cfg.worker_urls)
     if not workers:
         try:
-            resp = await client.get(f"{base}/workers", timeout=10)
-            if resp.status_code == 200:
-                workers = [w["url"] for w in resp.json()]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            status, body = await clients.get(cfg.url, "/workers")
+            if status == 200:
+                workers = [w["url"] for w in orjson.loads(body)]
+        except (UpstreamError, OSError, ValueError, KeyError, TypeError):
             workers = []
-    return model, workers or [base]
+    return model, workers or [cfg.url.rstrip("/")]
 
 
 def _body(req: TraceRequest, cfg: ReplayConfig, model: str) -> dict:
@@ -138,13 +159,14 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
     cached = np.zeros(n, dtype=np.int64)
     worker_of: list[str] = [""] * n
     errors: list[str] = []
-    limits = httpx.Limits(max_connections=cfg.max_inflight, max_keepalive_connections=256)
-    timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
     gate = asyncio.Semaphore(cfg.max_inflight)
     done = 0
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        model, workers = await _discover(client, cfg)
-        before = await scrape_hits(client, workers)
+    clients = _Clients()
+    target = clients.pool(cfg.url)
+    session_header = cfg.session_header.lower().encode()
+    try:
+        model, workers = await _discover(clients, cfg)
+        before = await scrape_hits(clients, workers)
         start = time.perf_counter()
 
         async def one(i: int, req: TraceRequest) -> None:
@@ -152,35 +174,22 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
             delay = start + arrival[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = _body(req, cfg, model)
-            headers = {cfg.session_header: req.session_id}
+            body = orjson.dumps(_body(req, cfg, model))
+            headers = b"content-type: application/json\r\n%s: %s\r\n" % (
+                session_header,
+                req.session_id.encode(),
+            )
             sent[i] = time.perf_counter() - start
             try:
-                async with (
-                    gate,
-                    client.stream(
-                        "POST", f"{cfg.url.rstrip('/')}/v1/completions", json=body, headers=headers
-                    ) as resp,
-                ):
-                    if resp.status_code != 200:
-                        errors.append(f"{resp.status_code}: {(await resp.aread())[:200]!r}")
-                        return
-                    worker_of[i] = resp.headers.get(WORKER_HEADER, "")
-                    async for line in resp.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        chunk = json.loads(line[6:])
-                        if chunk.get("choices"):
-                            if np.isnan(first[i]):
-                                first[i] = time.perf_counter() - start
-                            out_tokens[i] += 1
-                        usage = chunk.get("usage")
-                        if usage:
-                            out_tokens[i] = usage.get("completion_tokens", out_tokens[i])
-                            details = usage.get("prompt_tokens_details") or {}
-                            cached[i] = details.get("cached_tokens") or 0
-                    finish[i] = time.perf_counter() - start
-            except (httpx.HTTPError, ValueError) as exc:
+                async with gate:
+                    conn = await target.request(
+                        b"POST", b"/v1/completions", headers, body, cfg.timeout_s
+                    )
+                    try:
+                        await _read_stream(conn, i, cfg.timeout_s)
+                    finally:
+                        conn.release()
+            except (UpstreamError, OSError, ValueError) as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
             finally:
                 done += 1
@@ -188,9 +197,37 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
                     sys.stderr.write(f"\r  {name:<20} {done:>7}/{n} requests")
                     sys.stderr.flush()
 
+        async def _read_stream(conn, i: int, timeout: float) -> None:
+            if conn.status != 200:
+                data, more = await conn.read(timeout)
+                raise ValueError(f"status {conn.status}: {data[:200]!r}")
+            worker_of[i] = dict(conn.headers).get(WORKER_HEADER, b"").decode()
+            buf = b""
+            more = True
+            while more:
+                data, more = await conn.read(timeout)
+                buf += data
+                *events, buf = buf.split(b"\n\n")
+                for event in events:
+                    if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                        continue
+                    chunk = orjson.loads(event[6:])
+                    if chunk.get("choices"):
+                        if np.isnan(first[i]):
+                            first[i] = time.perf_counter() - start
+                        out_tokens[i] += 1
+                    usage = chunk.get("usage")
+                    if usage:
+                        out_tokens[i] = usage.get("completion_tokens", out_tokens[i])
+                        details = usage.get("prompt_tokens_details") or {}
+                        cached[i] = details.get("cached_tokens") or 0
+            finish[i] = time.perf_counter() - start
+
         await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
         wall = time.perf_counter() - start
-        after = await scrape_hits(client, workers)
+        after = await scrape_hits(clients, workers)
+    finally:
+        clients.close()
     if cfg.progress:
         sys.stderr.write("\n")
     ok = ~np.isnan(finish) & ~np.isnan(first)
