@@ -74,14 +74,7 @@ def hash_blocks(tokens: TokenInput, block_size: int = BLOCK_SIZE, root: int = 0)
     """
     if block_size <= 0:
         raise ValueError("block_size must be positive")
-    buf = memoryview(token_bytes(tokens))
-    step = block_size * TOKEN_BYTES
-    out: list[int] = []
-    parent = root
-    for start in range(0, len(buf) - step + 1, step):
-        parent = _xxh3(buf[start : start + step], parent)
-        out.append(parent)
-    return out
+    return hash_bytes_blocks(token_bytes(tokens), block_size * TOKEN_BYTES, root)
 
 
 def hash_bytes_blocks(data: bytes, block_bytes: int, root: int = 0) -> list[int]:
