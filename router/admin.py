@@ -14,7 +14,7 @@ Errors use the OpenAI envelope, like the proxy's own.
 from __future__ import annotations
 
 import asyncio
-import hmac
+import logging
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -24,6 +24,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from router.access import Need, Verdict
 from router.errors import BadRequest, NotFound, RouterError, Unauthorized, error_body
 from router.upstream import UpstreamError
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from router.app import RouterApp
 
 MODELS_TIMEOUT_S = 5.0
+log = logging.getLogger("cache_router.admin")
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -45,7 +47,6 @@ def build_admin(app: RouterApp) -> FastAPI:
     """The FastAPI application serving every path but the generation endpoints."""
     api = FastAPI(title="cache-router", docs_url=None, redoc_url=None, openapi_url=None)
     pool = app.pool
-    admin_key = app.settings.admin_key
 
     @api.exception_handler(RouterError)
     async def _router_error(_: Request, exc: RouterError) -> Response:
@@ -61,14 +62,16 @@ def build_admin(app: RouterApp) -> FastAPI:
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         return _error(BadRequest(str(exc.errors())))
 
+    @api.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        # a bug: still the JSON envelope (Starlette's default is a text/plain 500)
+        log.error("unexpected error on %r", request.scope.get("path"), exc_info=exc)
+        return _error(RouterError("internal error in the router"))
+
     def check_admin(request: Request) -> None:
-        if not admin_key:
-            return
-        given = request.headers.get("x-admin-key")
-        auth = request.headers.get("authorization", "")
-        if given is None and auth.startswith("Bearer "):
-            given = auth[7:]
-        if given is None or not hmac.compare_digest(given.encode(), admin_key.encode()):
+        """The admin key (router.access; RouterApp checks it first, this guards the app
+        when it is mounted some other way)."""
+        if app.access.check(Need.ADMIN, request.scope["headers"]) is not Verdict.OK:
             raise Unauthorized("admin key required", code="invalid_admin_key")
 
     async def target(request: Request) -> dict[str, Any]:
@@ -91,12 +94,13 @@ def build_admin(app: RouterApp) -> FastAPI:
     @api.get("/health")
     async def health() -> Response:
         healthy = sum(1 for w in pool.workers if w.healthy)
+        status = "draining" if app.draining else "ok" if healthy else "unavailable"
         body = {
-            "status": "ok" if healthy else "unavailable",
+            "status": status,
             "healthy_workers": healthy,
             "workers": len(pool.workers),
         }
-        return _json(body, 200 if healthy else 503)
+        return _json(body, 200 if status == "ok" else 503)
 
     @api.get("/metrics")
     async def metrics() -> Response:

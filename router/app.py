@@ -5,21 +5,38 @@ The three generation endpoints go straight to the raw ASGI :class:`~router.forwa
 FastAPI app of :mod:`router.admin`. The lifespan starts the health checks and closes the
 worker connections. Each app has its own pool, picker, tokenizer and metrics registry, so
 several can live in one process (tests do).
+
+Before the admin app, every other request passes the access rules of :mod:`router.access`
+(401 / 403) and has its body read here, bounded by ``max_body_bytes`` (413). A request on a
+connection over ``max_connections`` (flagged by :mod:`router.server`) and a generation
+request while the router drains get 503 with ``Retry-After`` and ``Connection: close``.
 """
 
 from __future__ import annotations
 
 import logging
 
+from router.access import Need, Verdict
 from router.admin import build_admin
 from router.config import Settings
-from router.forward import Forwarder
+from router.dashboard import mount_dashboard
+from router.errors import (
+    Forbidden,
+    RouterError,
+    ServiceUnavailable,
+    Unauthorized,
+    send_error,
+)
+from router.forward import ClientGone, Forwarder, read_body
 from router.health import HealthChecker
+from router.kv_events import KVEventsManager
 from router.metrics import RouterMetrics
 from router.parse import GENERATION_PATHS
 from router.pool import WorkerPool
+from router.server import OVERLOADED_SCOPE_KEY
 from router.tokenize import make_tokenizer
 from router.upstream import UpstreamError
+from router.worker_metrics import WorkerMetricsScraper
 
 log = logging.getLogger("cache_router")
 
@@ -41,23 +58,78 @@ class RouterApp:
             stats=self.pool.stats.tokenize,
         )
         self.forwarder = Forwarder(settings, self.pool, self.tokenizer, self.metrics)
+        self.access = self.forwarder.access
+        self.draining = False  # set on SIGTERM (router.server): new work is refused
         self.health_checker = HealthChecker(self.pool)
+        # worker truth (/metrics scrapes) and precise mode (KV events): router/worker_metrics.py,
+        # router/kv_events.py
+        self.worker_metrics = WorkerMetricsScraper(self.pool)
+        self.kv_events = KVEventsManager(self.pool) if settings.kv_events else None
         self.admin = build_admin(self)
+        mount_dashboard(self.admin, self)  # GET /dashboard: the live page
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
         if kind == "http":
+            if scope.get(OVERLOADED_SCOPE_KEY):
+                await self._unavailable(send, "connections", "too many client connections")
+                return
             endpoint = GENERATION_PATHS.get(scope["path"])
             if endpoint is not None and scope["method"] == "POST":
+                if self.draining:
+                    await self._unavailable(send, "draining", "the router is shutting down")
+                    return
                 await self.forwarder(scope, receive, send, endpoint)
             else:
-                await self.admin(scope, receive, send)
+                await self._admin(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         # websockets: not served (the server closes them)
 
+    async def _unavailable(self, send, reason: str, message: str) -> None:
+        self.pool.stats.count_rejected(reason)
+        error = ServiceUnavailable(message, code=reason)
+        await send_error(send, error, [(b"connection", b"close")])
+
+    async def _admin(self, scope, receive, send) -> None:
+        """Access rules, then the body (bounded), then the admin app."""
+        need = self.access.need(scope["method"], scope["path"])
+        verdict = self.access.check(need, scope["headers"])
+        if verdict is Verdict.UNAUTHORIZED:
+            if need is Need.ADMIN:
+                error = Unauthorized("admin key required", code="invalid_admin_key")
+            else:
+                error = Unauthorized("missing or invalid API key")
+            await send_error(send, error)
+            return
+        if verdict is Verdict.FORBIDDEN:
+            message = "worker changes are disabled: client keys are set but no --admin-key"
+            await send_error(send, Forbidden(message, code="admin_disabled"))
+            return
+        limit = self.settings.max_body_bytes
+        try:
+            body = await read_body(receive, limit)
+        except ClientGone:
+            return
+        except RouterError as error:  # 413
+            await send_error(send, error)
+            return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.admin(scope, replay, send)
+
     async def startup(self) -> None:
         self.health_checker.start()
+        self.worker_metrics.start()
+        if self.kv_events is not None:
+            await self.kv_events.start()
         log.info(
             "cache-router: %d worker(s), policy %s, shadow %s, tokenizer %s",
             len(self.pool.workers),
@@ -65,9 +137,19 @@ class RouterApp:
             self.settings.shadow,
             self.settings.tokenizer,
         )
+        if not self.access.any_keys and self.settings.host not in ("127.0.0.1", "::1"):
+            log.warning(
+                "no --api-key / --admin-key: anyone who reaches %s:%d can use this router "
+                "and change its workers",
+                self.settings.host,
+                self.settings.port,
+            )
 
     async def shutdown(self) -> None:
         await self.health_checker.stop()
+        await self.worker_metrics.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         self.pool.close()
 
     async def _lifespan(self, receive, send) -> None:

@@ -35,6 +35,14 @@ _NATIVE_LE = sys.byteorder == "little" and array.array("I").itemsize == TOKEN_BY
 TokenInput = bytes | bytearray | memoryview | np.ndarray | Sequence[int]
 
 
+class TextBytes(bytes):
+    """A token buffer that holds approximate tokens (4-byte groups of a text prompt's UTF-8),
+    not token ids: hashes of it never equal a worker's token-id blocks, so consumers that need
+    real ids (the KV-event index) skip it. Everything else treats it as ``bytes``."""
+
+    __slots__ = ()
+
+
 def token_bytes(tokens: TokenInput) -> bytes:
     """Pack token ids as little-endian uint32 bytes (no per-token Python loop).
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -97,13 +97,19 @@ class Settings(BaseSettings):
     )
     health_path: str = Field("/health", description="worker path probed for health")
     max_body_bytes: int = Field(32 << 20, gt=0, description="largest accepted request body (413)")
-    admin_key: str | None = Field(
-        None, description="key required (Bearer or X-Admin-Key) to POST/DELETE /workers"
+    # Keys are SecretStr: repr(), str() and model_dump() show "**********", so a logged
+    # Settings never leaks one (router/access.py compares them in constant time).
+    admin_key: SecretStr | None = Field(
+        None,
+        description="key required (Bearer or X-Admin-Key) to POST/DELETE /workers; with "
+        "--api-key set and no admin key, those changes are refused",
     )
-    api_keys: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="client API keys accepted (Bearer); empty: no check"
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="client API keys accepted (Authorization: Bearer KEY) on the generation "
+        "endpoints and /v1/models; empty: no check",
     )
-    worker_api_key: str | None = Field(
+    worker_api_key: SecretStr | None = Field(
         None, description="Bearer key sent to workers instead of the client's Authorization"
     )
     stream_usage: bool = Field(
@@ -114,11 +120,83 @@ class Settings(BaseSettings):
     correct_shadow: bool = Field(
         True, description="adapt shadow capacity to the cached tokens workers report"
     )
+    # Worker truth and precise mode (router/worker_metrics.py, router/kv_events.py): what the
+    # workers themselves say they hold, next to the router's estimate of it.
+    worker_metrics_interval_s: float = Field(
+        5.0,
+        ge=0,
+        description="seconds between scrapes of each worker's /metrics (prefix cache hits, "
+        "queue, KV usage and capacity); 0: off",
+    )
+    worker_metrics_path: str = Field("/metrics", description="worker path of its metrics")
+    shadow_capacity_from_worker: bool = Field(
+        False,
+        description="size each worker's shadows to the KV capacity its /metrics report "
+        "(vllm:cache_config_info block_size x num_gpu_blocks) instead of --kv-capacity-tokens",
+    )
+    kv_events: bool = Field(
+        False,
+        description="precise mode: subscribe to each worker's ZMQ KV cache events (the router "
+        "binds, vLLM connects) and answer cache-hit estimates from them while in sync",
+    )
+    kv_events_bind_host: str = Field(
+        "127.0.0.1", description="address the KV event sockets bind (0.0.0.0: any interface)"
+    )
+    kv_events_port_offset: int = Field(
+        400,
+        ge=-65535,
+        le=65535,
+        description="KV events of the worker on port P arrive at port P + offset here "
+        "(vLLM: --kv-events-config endpoint tcp://ROUTER:P+offset)",
+    )
+    kv_events_replay_offset: int = Field(
+        500,
+        ge=-65535,
+        le=65535,
+        description="the worker on port P serves missed KV event batches at its port P + "
+        "offset (vLLM: replay_endpoint); 0: no replay, gaps fall back to the estimate",
+    )
     worker_header: bool = Field(True, description="add x-cache-router-worker: <url> to responses")
     log_level: str = Field("info", description="log level (debug, info, warning, error)")
     access_log: bool = Field(False, description="log every request (costs throughput)")
     shutdown_timeout_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long in-flight requests may finish"
+    )
+    # Admission control and client limits (router/server.py, router/forward.py): a router
+    # in front of a GPU fleet must shed load with a clear answer, never fall over.
+    max_inflight: int = Field(
+        2048,
+        ge=0,
+        description="generation requests in flight router-wide; more get 429 + Retry-After "
+        "(0: no limit)",
+    )
+    max_connections: int = Field(
+        4096,
+        ge=0,
+        description="open client connections; a request on one beyond this gets 503 + "
+        "Retry-After and the connection closes (0: no limit)",
+    )
+    max_header_bytes: int = Field(
+        65536,
+        ge=1024,
+        description="largest request line + headers, in bytes (431, connection closed)",
+    )
+    request_read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="longest time a client may take to send a request's headers and body "
+        "(408, connection closed)",
+    )
+    circuit_open_s: float = Field(
+        5.0,
+        ge=0,
+        description="once a worker is taken out, the least time before a successful probe "
+        "brings it back",
+    )
+    metrics_require_key: bool = Field(
+        False,
+        description="require a client or admin key for GET /metrics, /workers and "
+        "/dashboard/data too (/health stays open)",
     )
 
     @field_validator("workers", "api_keys", mode="before")
@@ -135,6 +213,24 @@ class Settings(BaseSettings):
             if url not in out:
                 out.append(url)
         return out
+
+    @field_validator("api_keys", "admin_key", "worker_api_key", mode="before")
+    @classmethod
+    def _keys_as_text(cls, value: Any) -> Any:
+        # a YAML `admin_key: 12345` is an int: take it as text rather than fail with an
+        # error message that would print the key
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int | float) else v for v in value]
+        return str(value) if isinstance(value, int | float) else value
+
+    @field_validator("api_keys", "admin_key", "worker_api_key")
+    @classmethod
+    def _non_empty_keys(cls, value: Any) -> Any:
+        keys = value if isinstance(value, list) else [value]
+        for key in keys:
+            if key is not None and not key.get_secret_value().strip():
+                raise ValueError("a key must not be empty")
+        return value
 
     @field_validator("worker_kv_capacity_tokens")
     @classmethod

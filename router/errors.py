@@ -43,6 +43,14 @@ class Unauthorized(RouterError):
     code = "invalid_api_key"
 
 
+class Forbidden(RouterError):
+    """The action is switched off (admin changes without an admin key configured)."""
+
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
 class NotFound(RouterError):
     status = 404
     type = "invalid_request_error"
@@ -55,6 +63,22 @@ class PayloadTooLarge(RouterError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class TooManyRequests(RouterError):
+    """Admission control: ``max_inflight`` requests are being handled (Retry-After)."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "router_overloaded"
+
+
+class ServiceUnavailable(RouterError):
+    """The router cannot take this request now: draining, or over its connection limit."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "unavailable"
 
 
 class BadGateway(RouterError):
@@ -87,12 +111,16 @@ def error_body(message: str, type_: str, code: str) -> bytes:
 
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+RETRY_AFTER = (b"retry-after", b"1")  # 429 / 503: the client may try again in a second
 
 
 async def send_error(send, error: RouterError, extra_headers: list | None = None) -> None:
-    """Answer an ASGI request with ``error`` (status, JSON body, content-length)."""
+    """Answer an ASGI request with ``error`` (status, JSON body, content-length; a 429 or
+    503 also says ``Retry-After``)."""
     body = error.body()
     headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+    if error.status in (429, 503):
+        headers.append(RETRY_AFTER)
     if extra_headers:
         headers.extend(extra_headers)
     await send({"type": "http.response.start", "status": error.status, "headers": headers})

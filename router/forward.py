@@ -21,6 +21,17 @@ For each request:
 Client disconnects: after the body is read, a watcher task waits on ASGI ``receive()``;
 ``http.disconnect`` before the response is complete cancels the handler, whose ``finally``
 blocks close the upstream socket (the worker aborts the generation) and release the booking.
+
+Admission: at most ``max_inflight`` requests are handled at once (counted from arrival to
+the last byte); one more gets 429 with ``Retry-After`` before its body is read. Client keys
+are checked in constant time (:mod:`router.access`). Each attempt's outcome feeds the
+worker's circuit (:mod:`router.pool`): connect errors, resets, timeouts and 5xx answers are
+failures, a worker's non-5xx answer a success. Resets and 5xx answers are held until the
+request's outcome is known: a request that fails alike on two or more workers and nowhere
+succeeds is more likely the request's fault than theirs (a "poison" request), so it counts
+against no circuit (``suspect_requests_total``) and a client cannot take workers out with
+it. An unexpected exception (a bug) answers a JSON 500 if nothing was sent yet, and still
+releases everything.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from policies.base import NoHealthyWorker, RequestFeatures
+from router.access import Access
 from router.config import Settings
 from router.errors import (
     BadGateway,
@@ -40,7 +52,9 @@ from router.errors import (
     NoHealthyWorkerError,
     PayloadTooLarge,
     RouterError,
+    TooManyRequests,
     Unauthorized,
+    error_body,
     send_error,
 )
 from router.feedback import correct_shadow, to_router_tokens
@@ -88,10 +102,14 @@ class Exchange:
     body: bytes  # what the worker receives
     drop_usage_chunk: bool
     task: asyncio.Task | None = None
+    started: bool = False  # the response status and headers went to the client
     responded: bool = False  # the last byte went to the client
     client_gone: bool = False
     finished: bool = False  # the handler is past its last await
     tried: list[Worker] = field(default_factory=list)
+    # resets / 5xx before any byte, held until the outcome is known (_settle)
+    failures: list[tuple[Worker, str]] = field(default_factory=list)
+    answered_ok: bool = False  # some worker answered below 500
 
 
 class Forwarder:
@@ -109,12 +127,14 @@ class Forwarder:
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.session_header = settings.session_header.lower().encode()
-        self.api_keys = {b"Bearer " + k.encode() for k in settings.api_keys}
+        self.access = Access(settings)
+        worker_key = settings.worker_api_key
         self.worker_auth = (
-            b"authorization: Bearer " + settings.worker_api_key.encode() + b"\r\n"
-            if settings.worker_api_key
+            b"authorization: Bearer " + worker_key.get_secret_value().encode() + b"\r\n"
+            if worker_key is not None
             else None
         )
+        self.max_inflight = settings.max_inflight
         self.worker_header = settings.worker_header
         self.read_timeout = settings.read_timeout_s
         self.correct = settings.correct_shadow
@@ -122,6 +142,21 @@ class Forwarder:
     # ---- entry ---------------------------------------------------------------------------
 
     async def __call__(self, scope: dict, receive, send, kind: str) -> None:
+        stats = self.pool.stats
+        if self.max_inflight and stats.in_flight >= self.max_inflight:
+            stats.count_rejected("inflight")
+            self._unrouted("429")
+            await send_error(
+                send, TooManyRequests(f"the router is handling {stats.in_flight} requests")
+            )
+            return
+        stats.in_flight += 1
+        try:
+            await self._handle(scope, receive, send, kind)
+        finally:
+            stats.in_flight -= 1
+
+    async def _handle(self, scope: dict, receive, send, kind: str) -> None:
         start = time.perf_counter()
         endpoint = kind
         try:
@@ -134,6 +169,11 @@ class Forwarder:
             await send_error(send, error)
             self.metrics.duration(endpoint).observe(time.perf_counter() - start)
             return
+        except Exception:  # a bug: answer JSON, never a bare 500 from the server
+            log.exception("unexpected error preparing %s", scope.get("path"))
+            self._unrouted("500")
+            await send_error(send, RouterError("internal error in the router"))
+            return
         ex.task = asyncio.current_task()
         watcher = asyncio.get_running_loop().create_task(self._watch(receive, ex))
         try:
@@ -143,6 +183,12 @@ class Forwarder:
                 if not ex.tried:
                     self._unrouted(str(error.status))
                 await send_error(send, error)
+            except Exception:  # a bug: bookings are released by then (finally blocks)
+                log.exception("unexpected error proxying %s", scope.get("path"))
+                if not ex.started:
+                    await send_error(send, RouterError("internal error in the router"))
+                else:
+                    raise  # the response started: the server closes the connection
         except asyncio.CancelledError:
             if not ex.client_gone:
                 raise
@@ -171,14 +217,14 @@ class Forwarder:
                 declared = value
             if name not in not_forwarded:
                 lines += (name, b": ", value, b"\r\n")
-        if self.api_keys and auth not in self.api_keys:
+        if not self.access.client_ok(auth):
             raise Unauthorized("missing or invalid API key")
         if self.worker_auth is not None:
             lines.append(self.worker_auth)
         limit = self.settings.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        raw = await _read_body(receive, limit)
+        raw = await read_body(receive, limit)
         request = parse_request(kind, raw, session_value)
         features, _ = await request_features(request, self.tokenizer, self.settings.block_size)
         body = raw
@@ -225,6 +271,25 @@ class Forwarder:
     # ---- attempts ------------------------------------------------------------------------
 
     async def _proxy(self, ex: Exchange, send) -> None:
+        try:
+            await self._attempts(ex, send)
+        finally:
+            self._settle(ex)
+
+    def _settle(self, ex: Exchange) -> None:
+        """Count the held failures against the workers' circuits, unless the request failed
+        alike on several workers and succeeded nowhere (then it is suspect, not them)."""
+        failures = ex.failures
+        if not failures:
+            return
+        ex.failures = []
+        if not ex.answered_ok and len({id(w) for w, _ in failures}) > 1:
+            self.pool.stats.suspect += 1
+            return
+        for worker, reason in failures:
+            self.pool.record_failure(worker, reason, request=True)
+
+    async def _attempts(self, ex: Exchange, send) -> None:
         attempts = self.settings.max_attempts
         last_error: RouterError | None = None
         retries = self.pool.stats.retries
@@ -257,6 +322,7 @@ class Forwarder:
         stats.estimated_hit_tokens += pick.hit_tokens
         stats.best_hit_tokens += pick.best_hit_tokens
         conn: Connection | None = None
+        scanner: StreamScanner | None = None
         status_label = "upstream_lost"
         try:
             try:
@@ -268,6 +334,7 @@ class Forwarder:
                 if conn.status >= 500 and not final and self._others_left(ex):
                     stats.count(stats.upstream_errors, "status_5xx")
                     status_label = str(conn.status)
+                    ex.failures.append((worker, f"HTTP {conn.status}"))
                     return BadGateway(
                         f"worker {worker.url} answered {conn.status}", code="worker_5xx"
                     )
@@ -275,25 +342,31 @@ class Forwarder:
             except ConnectFailed as exc:
                 stats.count(stats.upstream_errors, "connect")
                 status_label = "connect_error"
-                self.pool.record_failure(worker, str(exc))
+                self.pool.record_failure(worker, str(exc), request=True)
                 return BadGateway(str(exc), code="connect_error")
             except ConnectionLost as exc:
                 stats.count(stats.upstream_errors, "reset")
                 status_label = "reset"
-                self.pool.record_failure(worker, str(exc))
+                ex.failures.append((worker, str(exc)))
                 return BadGateway(f"worker {worker.url}: {exc}", code="worker_reset")
             except ReadTimeout:
                 stats.count(stats.upstream_errors, "timeout")
                 status_label = "504"
+                self.pool.record_failure(worker, "read timeout", request=True)
                 raise GatewayTimeout(f"worker {worker.url} sent nothing in time") from None
 
             # first body bytes (or the whole body): the prefill is done
             booking.first_token()
             now = time.perf_counter()
             self.metrics.ttfb(ex.endpoint).observe(now - ex.start)
-            if worker.consecutive_failures:
-                self.pool.record_success(worker)
             status = conn.status
+            if status >= 500:  # relayed (no other worker left), but a failure all the same
+                ex.failures.append((worker, f"HTTP {status}"))
+            else:
+                ex.answered_ok = True
+                self._settle(ex)  # the workers that failed before this one count it now
+                if worker.consecutive_failures or not worker.state.healthy:
+                    self.pool.record_success(worker)
             sse = ex.request.stream and _is_event_stream(conn.headers)
             scanner = StreamScanner(ex.drop_usage_chunk) if sse else None
             kept: list[bytes] | None = [] if scanner is None and status < 300 else None
@@ -305,6 +378,7 @@ class Forwarder:
             elif kept is not None:
                 kept.append(data)
             status_label = str(status)
+            ex.started = True
             await send({"type": "http.response.start", "status": status, "headers": headers})
             if not more:
                 ex.responded = True
@@ -340,8 +414,17 @@ class Forwarder:
             # after bytes reached the client: never retried, the stream is cut
             kind = "timeout" if isinstance(exc, ReadTimeout) else "reset"
             stats.count(stats.upstream_errors, kind)
+            self.pool.record_failure(worker, f"stream cut: {exc}", request=True)
             log.warning("stream from %s cut: %s", worker.url, exc)
             status_label = "upstream_lost"
+            if scanner is not None and not ex.client_gone:
+                # an event stream ends with an error event, as vLLM ends a failed stream
+                # (a plain body cannot say it: its connection is closed, short)
+                message = f"worker {worker.url}: stream cut: {exc}"
+                error = error_body(message, "upstream_error", "worker_stream_cut")
+                event = b"data: " + error + b"\n\ndata: [DONE]\n\n"
+                ex.responded = True
+                await send({"type": "http.response.body", "body": event, "more_body": False})
             return None
         except asyncio.CancelledError:
             status_label = "client_disconnect" if ex.client_gone else "cancelled"
@@ -393,7 +476,8 @@ def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
     return False
 
 
-async def _read_body(receive, limit: int) -> bytes:
+async def read_body(receive, limit: int) -> bytes:
+    """The whole request body; 413 past ``limit`` bytes, ClientGone on a disconnect."""
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientGone

@@ -24,7 +24,18 @@ Metrics (labels):
   ``worker_shadow_blocks``, ``worker_pinned_blocks``, ``worker_shadow_capacity_blocks``,
   ``worker_radix_tokens``, ``worker_radix_capacity_tokens`` (worker) gauges;
 - ``retries_total`` (reason), ``upstream_errors_total`` (worker, kind),
-  ``shadow_corrections_total`` (worker, shadow, direction), ``tokenize_total`` (result).
+  ``shadow_corrections_total`` (worker, shadow, direction), ``tokenize_total`` (result);
+- the circuit of each worker (:mod:`router.pool`): ``circuit_transitions_total`` (worker,
+  state ``open`` / ``closed``), ``worker_consecutive_failures`` (worker);
+- admission and client limits (:mod:`router.server`, :mod:`router.forward`):
+  ``in_flight`` (generation requests being handled), ``client_connections``,
+  ``rejected_total`` (reason: ``inflight`` 429, ``connections`` / ``draining`` 503,
+  ``header_too_large`` 431, ``read_timeout`` 408, ``malformed_http`` 400),
+  ``suspect_requests_total`` (failed alike on several workers: counted against none);
+- what the workers say and how the shadows score against it: :func:`truth_metrics`
+  (``worker_prefix_cache_*``, ``worker_requests_*``, ``worker_kv_*``, ``shadow_error_ratio``,
+  ``kv_events_total``); ``estimated_cached_tokens_total`` and ``shadow_abs_error_tokens_total``
+  also have ``shadow="kv_events"`` in precise mode.
 """
 
 from __future__ import annotations
@@ -76,6 +87,7 @@ class WorkerStats:
     reported_cached_raw: int = 0  # as the worker counted them (its tokens)
     upstream_errors: dict[str, int] = field(default_factory=dict)
     corrections: dict[tuple[str, str], int] = field(default_factory=dict)
+    circuit: dict[str, int] = field(default_factory=dict)  # "open" / "closed" -> transitions
 
     def count(self, table: dict, key, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
@@ -89,6 +101,13 @@ class PoolStats:
     retries: dict[str, int] = field(default_factory=dict)
     unrouted: dict[str, int] = field(default_factory=dict)  # status -> count (worker "none")
     tokenize: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0  # generation requests being handled (admission control)
+    connections: int = 0  # open client connections
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
+    suspect: int = 0  # failed alike on several workers, nowhere served: not their fault
+
+    def count_rejected(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
 
 class RouterMetrics:
@@ -173,6 +192,28 @@ class PoolCollector(Collector):
         tokenize = counter("tokenize", "Worker /tokenize lookups by result", ["result"])
         for result, n in pool.stats.tokenize.items():
             tokenize.add_metric([result], n)
+        rejected = counter(
+            "rejected", "Requests refused by admission control or client limits", ["reason"]
+        )
+        for reason, n in pool.stats.rejected.items():
+            rejected.add_metric([reason], n)
+        router_in_flight = GaugeMetricFamily(
+            PREFIX + "in_flight", "Generation requests being handled by the router"
+        )
+        router_in_flight.add_metric([], pool.stats.in_flight)
+        connections = GaugeMetricFamily(PREFIX + "client_connections", "Open client connections")
+        connections.add_metric([], pool.stats.connections)
+        suspect = CounterMetricFamily(
+            PREFIX + "suspect_requests",
+            "Requests that failed alike on several workers (not counted against them)",
+        )
+        suspect.add_metric([], pool.stats.suspect)
+        circuit = counter(
+            "circuit_transitions",
+            "Worker circuit transitions (open: taken out, closed: back)",
+            ["worker", "state"],
+        )
+        failures = gauge("worker_consecutive_failures", "Failures in a row (probes, requests)")
 
         prompt = counter("prompt_tokens", "Prompt tokens routed (router tokens)", ["worker"])
         est_hit = counter(
@@ -233,10 +274,16 @@ class PoolCollector(Collector):
                 abs_error.add_metric([url, "radix"], acc.radix_abs_error_tokens)
                 radix_tokens.add_metric([url], state.radix.total_tokens)
                 radix_capacity.add_metric([url], state.radix.capacity_tokens or 0)
+            if state.kv_index is not None:  # precise mode: scored over synced dispatches
+                estimated.add_metric([url, "kv_events"], acc.kv_estimate_tokens)
+                abs_error.add_metric([url, "kv_events"], acc.kv_abs_error_tokens)
             for kind, n in stats.upstream_errors.items():
                 upstream_errors.add_metric([url, kind], n)
             for (shadow, direction), n in stats.corrections.items():
                 corrections.add_metric([url, shadow, direction], n)
+            for state_name, n in stats.circuit.items():
+                circuit.add_metric([url, state_name], n)
+            failures.add_metric([url], w.consecutive_failures)
             in_flight.add_metric([url], state.num_requests)
             pending.add_metric([url], state.pending_prefill_tokens)
             healthy.add_metric([url], 1 if state.healthy else 0)
@@ -265,4 +312,110 @@ class PoolCollector(Collector):
             capacity,
             radix_tokens,
             radix_capacity,
+            rejected,
+            router_in_flight,
+            connections,
+            suspect,
+            circuit,
+            failures,
         )
+        yield from truth_metrics(workers)
+
+
+def truth_metrics(workers: list) -> Iterator[Metric]:
+    """What the workers say (their /metrics, their KV events) and how the shadows score.
+
+    - ``worker_prefix_cache_queries_total``, ``worker_prefix_cache_hits_total`` (worker): the
+      worker's own prefix-cache counters, in tokens, as last scraped
+      (:mod:`router.worker_metrics`); ``worker_prefix_cache_hit_rate`` their ratio;
+    - ``worker_requests_running``, ``worker_requests_waiting``, ``worker_kv_cache_usage_ratio``,
+      ``worker_kv_capacity_tokens`` (block_size x num_gpu_blocks), ``worker_metrics_age_seconds``
+      gauges, ``worker_metrics_scrape_failures_total``;
+    - ``shadow_scored_prompt_tokens_total`` (worker, shadow): prompt tokens of the requests
+      each shadow was scored on; ``shadow_error_ratio`` (shadow): sum of |estimate - reported|
+      over that, all workers: the shadow's fidelity as a fraction of prompt tokens;
+    - precise mode (:mod:`router.kv_events`): ``worker_kv_events_synced``,
+      ``worker_kv_events_blocks`` gauges, ``kv_events_total`` (worker, kind: batches, stored,
+      removed, cleared, gaps, replays, restarts, desyncs, unknown_parent, skipped).
+    """
+    import time
+
+    def gauge(name: str, doc: str, labels: tuple[str, ...] = ("worker",)) -> GaugeMetricFamily:
+        return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
+
+    queries = CounterMetricFamily(
+        PREFIX + "worker_prefix_cache_queries",
+        "Worker's prefix cache queries (tokens)",
+        labels=["worker"],
+    )
+    hits = CounterMetricFamily(
+        PREFIX + "worker_prefix_cache_hits",
+        "Worker's prefix cache hits (tokens)",
+        labels=["worker"],
+    )
+    failures = CounterMetricFamily(
+        PREFIX + "worker_metrics_scrape_failures", "Failed /metrics scrapes", labels=["worker"]
+    )
+    hit_rate = gauge("worker_prefix_cache_hit_rate", "Worker's own prefix cache hit rate")
+    running = gauge("worker_requests_running", "Requests the worker reports running")
+    waiting = gauge("worker_requests_waiting", "Requests the worker reports waiting")
+    usage = gauge("worker_kv_cache_usage_ratio", "Worker's KV cache usage (0..1)")
+    capacity = gauge("worker_kv_capacity_tokens", "Worker's KV capacity (block_size x blocks)")
+    age = gauge("worker_metrics_age_seconds", "Seconds since the last successful scrape")
+    scored = CounterMetricFamily(
+        PREFIX + "shadow_scored_prompt_tokens",
+        "Prompt tokens of the requests a shadow was scored on",
+        labels=["worker", "shadow"],
+    )
+    ratio = gauge(
+        "shadow_error_ratio",
+        "Sum |estimated - reported cached tokens| / prompt tokens, all workers",
+        ("shadow",),
+    )
+    synced = gauge("worker_kv_events_synced", "1 while the KV-event index is in sync")
+    kv_blocks = gauge("worker_kv_events_blocks", "Blocks in the KV-event index")
+    kv_total = CounterMetricFamily(
+        PREFIX + "kv_events", "KV event processing by kind", labels=["worker", "kind"]
+    )
+    errors = {"blocks": 0, "radix": 0, "kv_events": 0}
+    prompts = {"blocks": 0, "radix": 0, "kv_events": 0}
+    now = time.monotonic()
+    for w in workers:
+        url, truth, state, acc = w.url, w.truth, w.state, w.state.accuracy
+        failures.add_metric([url], truth.failures)
+        r = truth.reading
+        if r is not None:
+            for family, value in (
+                (queries, r.prefix_cache_queries),
+                (hits, r.prefix_cache_hits),
+                (running, r.running),
+                (waiting, r.waiting),
+                (usage, r.kv_cache_usage),
+                (capacity, r.capacity_tokens),
+                (hit_rate, truth.hit_rate),
+            ):
+                if value is not None:
+                    family.add_metric([url], value)
+        if truth.last_scrape_monotonic is not None:
+            age.add_metric([url], now - truth.last_scrape_monotonic)
+        scored.add_metric([url, "blocks"], acc.prompt_tokens)
+        errors["blocks"] += acc.blocks_abs_error_tokens
+        prompts["blocks"] += acc.prompt_tokens
+        if state.radix is not None:
+            scored.add_metric([url, "radix"], acc.prompt_tokens)
+            errors["radix"] += acc.radix_abs_error_tokens
+            prompts["radix"] += acc.prompt_tokens
+        index = state.kv_index
+        if index is not None:
+            scored.add_metric([url, "kv_events"], acc.kv_prompt_tokens)
+            errors["kv_events"] += acc.kv_abs_error_tokens
+            prompts["kv_events"] += acc.kv_prompt_tokens
+            synced.add_metric([url], 1 if index.synced else 0)
+            kv_blocks.add_metric([url], len(index))
+            for kind, n in vars(index.stats).items():
+                kv_total.add_metric([url, kind], n)
+    for shadow, total in prompts.items():
+        if total:
+            ratio.add_metric([shadow], errors[shadow] / total)
+    yield from (queries, hits, failures, hit_rate, running, waiting, usage, capacity, age)
+    yield from (scored, ratio, synced, kv_blocks, kv_total)

@@ -11,15 +11,21 @@ sticky and unified pickers bind sessions to list *indices*, which shift on remov
 picker is rebuilt (same name, same parameters): every session is routed as new once, then
 binds again. Adding a worker keeps the picker (indices do not move).
 
-Health. ``health_failure_threshold`` consecutive failures (health probes, connect errors and
-resets of real requests) take a worker out of picking; one success brings it back, and then
-its shadow is reset (unpinned entries forgotten, capacities restored): a worker that was down
-most likely restarted with an empty cache.
+Health: a circuit breaker per worker. ``health_failure_threshold`` consecutive failures
+(health probes; and of real requests: connect errors, resets, timeouts, 5xx answers) open
+the circuit: the worker is taken out of picking. It stays out at least ``circuit_open_s``;
+after that the first success (a probe, :mod:`router.health`) closes the circuit and brings
+it back, with its shadow reset (unpinned entries forgotten, capacities restored): a worker
+that was down most likely restarted with an empty cache. A failing real request never
+takes out the *last* healthy worker (probes still can): when every worker answers 5xx,
+relaying their answers beats a router-made 503 for all. Transitions are counted
+(``circuit_transitions_total``) and logged.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +35,11 @@ from policies.registry import make_picker
 from router.block_lru import BlockLRU
 from router.config import Settings, normalize_url
 from router.feedback import reset_shadow
+from router.kv_events import KVIndex
 from router.metrics import PoolStats, WorkerStats
 from router.radix_tree import RadixTree
 from router.upstream import UpstreamPool
+from router.worker_metrics import WorkerTruth
 from router.worker_state import WorkerState
 
 log = logging.getLogger("cache_router.pool")
@@ -49,7 +57,10 @@ class Worker:
     consecutive_failures: int = 0
     last_error: str | None = None
     removed: bool = False
+    opened_at: float | None = None  # time.monotonic() when the circuit last opened
     stats: WorkerStats = field(default_factory=WorkerStats)
+    truth: WorkerTruth = field(default_factory=WorkerTruth)  # its /metrics (worker_metrics.py)
+    kv_events: Any = None  # its KVEventSubscriber (kv_events.py) in precise mode
 
     @property
     def healthy(self) -> bool:
@@ -83,7 +94,15 @@ class Worker:
                 "radix_estimate_tokens": acc.radix_estimate_tokens,
                 "blocks_abs_error_tokens": acc.blocks_abs_error_tokens,
                 "radix_abs_error_tokens": acc.radix_abs_error_tokens,
+                "prompt_tokens": acc.prompt_tokens,
+                "kv_events_requests": acc.kv_requests,
+                "kv_events_prompt_tokens": acc.kv_prompt_tokens,
+                "kv_events_reported_tokens": acc.kv_reported_tokens,
+                "kv_events_estimate_tokens": acc.kv_estimate_tokens,
+                "kv_events_abs_error_tokens": acc.kv_abs_error_tokens,
             },
+            "worker_metrics": self.truth.describe(),
+            "kv_events": self.kv_events.describe() if self.kv_events is not None else None,
             "consecutive_failures": self.consecutive_failures,
             "last_error": self.last_error,
         }
@@ -139,6 +158,7 @@ class WorkerPool:
             blocks=BlockLRU(blocks, s.block_size),
             radix=RadixTree(capacity_tokens=tokens, policy=s.radix_eviction),
             shadow=s.shadow,
+            kv_index=KVIndex() if s.kv_events else None,
         )
         worker = Worker(
             url=url,
@@ -166,28 +186,63 @@ class WorkerPool:
         log.info("worker removed: %s (%d in flight)", worker.url, worker.state.num_requests)
         return worker
 
+    def resize(self, worker: Worker, tokens: int) -> None:
+        """Size ``worker``'s shadows to ``tokens`` of KV capacity (its real one, read from its
+        ``/metrics``): both shadows and the bounds of the feedback correction."""
+        s = self.settings
+        blocks = max(1, tokens // s.block_size)
+        worker.capacity_tokens = tokens
+        worker.capacity_blocks = blocks
+        worker.state.blocks.resize(blocks)
+        tree = worker.state.radix
+        if tree is not None:
+            tree.capacity_tokens = tokens
+            if tree.total_tokens > tokens and tree.evictable_tokens:
+                tree.evict(min(tree.evictable_tokens, tree.total_tokens - tokens))
+        log.info("worker %s: shadows sized to its KV capacity, %d tokens", worker.url, tokens)
+
     def close(self) -> None:
         for worker in self.workers:
             worker.upstream.close()
 
     # ---- health --------------------------------------------------------------------------
 
-    def record_failure(self, worker: Worker, reason: str) -> None:
+    def record_failure(self, worker: Worker, reason: str, request: bool = False) -> None:
+        """One more failure in a row; open the circuit at the threshold.
+
+        ``request``: a real request failed (not a probe); that never takes out the last
+        healthy worker.
+        """
         worker.consecutive_failures += 1
         worker.last_error = reason
         if (
             worker.state.healthy
             and worker.consecutive_failures >= self.settings.health_failure_threshold
         ):
+            if request and not any(w.state.healthy for w in self.workers if w is not worker):
+                return
             worker.state.healthy = False
-            log.warning("worker %s is out: %s", worker.url, reason)
+            worker.opened_at = time.monotonic()
+            worker.stats.count(worker.stats.circuit, "open")
+            log.warning("worker %s is out (circuit open): %s", worker.url, reason)
 
     def record_success(self, worker: Worker) -> None:
+        """A success: the failure count restarts; an open circuit closes after its time."""
+        if worker.state.healthy:
+            worker.consecutive_failures = 0
+            return
+        if worker.removed:
+            return
+        opened = worker.opened_at
+        if opened is not None and time.monotonic() - opened < self.settings.circuit_open_s:
+            return  # still cooling down: a worker answering in bursts stays out a while
         worker.consecutive_failures = 0
-        if not worker.state.healthy and not worker.removed:
-            worker.state.healthy = True
-            reset_shadow(worker.state, worker.capacity_blocks, worker.capacity_tokens)
-            log.warning("worker %s is back (shadow reset)", worker.url)
+        worker.state.healthy = True
+        worker.stats.count(worker.stats.circuit, "closed")
+        reset_shadow(worker.state, worker.capacity_blocks, worker.capacity_tokens)
+        if worker.kv_events is not None:  # it may have restarted: resynchronise its events
+            worker.kv_events.feed.reset()
+        log.warning("worker %s is back (circuit closed, shadow reset)", worker.url)
 
     # ---- picking -------------------------------------------------------------------------
 

@@ -106,10 +106,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run(settings: Settings) -> None:
-    """Serve ``settings`` with uvicorn (uvloop + httptools when installed) until stopped."""
-    import uvicorn
+    """Serve ``settings`` with uvicorn (uvloop + httptools when installed) until stopped.
 
+    SIGTERM / SIGINT drain in-flight requests up to ``shutdown_timeout_s``, then this
+    returns, so the process exits 0 (:mod:`router.server`).
+    """
     from router.app import create_app
+    from router.server import build_config, serve
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -120,23 +123,33 @@ def run(settings: Settings) -> None:
         loop = "uvloop"
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
         loop = "asyncio"
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        loop=loop,
-        http="httptools",
-        lifespan="on",
-        log_level=settings.log_level.lower(),
-        access_log=settings.access_log,
-        server_header=False,  # the worker's own Server / Date headers pass through
-        proxy_headers=False,  # no X-Forwarded-* rewriting: the proxy reads none of it
-        date_header=False,
-        backlog=4096,
-        timeout_graceful_shutdown=settings.shutdown_timeout_s,
-    )
+    app = create_app(settings)
+    config = build_config(app, settings, loop=loop)
+    _raise_fd_limit(settings)
     _tune_gc()
-    uvicorn.Server(config).run()
+    serve(app, config)
+
+
+def _raise_fd_limit(settings: Settings) -> None:
+    """Room for ``max_connections`` client sockets, each with a worker connection.
+
+    A soft ``ulimit -n`` of 1024 (a common default) would make accept() fail long before
+    ``max_connections``; the soft limit is raised toward the hard one, with a warning when
+    even that is short.
+    """
+    import resource
+
+    wanted = 2 * (settings.max_connections or 4096) + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < wanted:
+        logging.getLogger("cache_router").warning(
+            "open files limit %d < %d: lower --max-connections or raise ulimit -n", target, wanted
+        )
 
 
 def _tune_gc() -> None:

@@ -36,7 +36,13 @@ import orjson
 import xxhash
 
 from policies.base import RequestFeatures
-from router.block_hash import TOKEN_BYTES, hash_blocks, hash_bytes_blocks, token_bytes
+from router.block_hash import (
+    TOKEN_BYTES,
+    TextBytes,
+    hash_blocks,
+    hash_bytes_blocks,
+    token_bytes,
+)
 from router.errors import BadRequest
 from router.parse import CHAT, ParsedRequest
 
@@ -69,7 +75,7 @@ def from_text_bytes(data: bytes, block_size: int) -> Tokenized:
     """The approximation: 4 bytes a token, blocks of ``block_size * 4`` bytes."""
     blocks = hash_bytes_blocks(data, block_size * APPROX_BYTES_PER_TOKEN)
     usable = len(data) - len(data) % TOKEN_BYTES
-    tokens = data[:usable]
+    tokens = TextBytes(data[:usable])  # marked: approximate, not token ids
     return Tokenized(tokens, blocks, math.ceil(len(data) / APPROX_BYTES_PER_TOKEN), False)
 
 

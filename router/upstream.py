@@ -106,6 +106,10 @@ class Connection(asyncio.Protocol):
             self.error = ConnectionLost(f"worker closed the connection{reason}", self.got_bytes)
         self.pool._forget(self)
         self._wake()
+        # the parser holds this protocol (its callbacks): break the cycle now, or every
+        # closed connection, typically old enough to sit in the oldest GC generation (which
+        # the tuned GC of router/serve.py rarely collects), would keep its buffers
+        self.parser = None  # type: ignore[assignment]
 
     def pause_writing(self) -> None:  # request bodies are small; the kernel buffers them
         pass

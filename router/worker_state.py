@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from policies.base import RequestFeatures
+from router.block_hash import TextBytes
 from router.block_lru import BlockLRU
 from router.radix_tree import RadixTree, TreeNode
+
+if TYPE_CHECKING:
+    from router.kv_events import KVIndex
 
 ShadowKind = Literal["blocks", "radix"]
 SHADOW_KINDS: tuple[str, ...] = ("blocks", "radix")
@@ -41,6 +45,13 @@ class ShadowAccuracy:
     radix_estimate_tokens: int = 0
     blocks_abs_error_tokens: int = 0
     radix_abs_error_tokens: int = 0
+    prompt_tokens: int = 0  # prompt tokens of the requests with a report
+    # the KV-event index, over the reported requests it estimated (synced at dispatch)
+    kv_requests: int = 0
+    kv_prompt_tokens: int = 0
+    kv_reported_tokens: int = 0
+    kv_estimate_tokens: int = 0
+    kv_abs_error_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -62,12 +73,19 @@ class WorkerState:
     pending_prefill_tokens: int = 0
     ongoing_decode_tokens: int = 0
     accuracy: ShadowAccuracy = field(default_factory=ShadowAccuracy)
+    kv_index: KVIndex | None = None  # precise mode (router/kv_events.py): answers when synced
+    worker_block_size: int | None = None  # the worker's own KV block size, from its /metrics
 
     def __post_init__(self) -> None:
         if self.shadow not in SHADOW_KINDS:
             raise ValueError(f"shadow must be one of {SHADOW_KINDS}, not {self.shadow!r}")
 
     def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
+        index = self.kv_index
+        if index is not None and index.synced and tokens is not None:
+            hit = index.estimate(tokens, len(tokens) // 4)
+            if hit is not None:
+                return hit
         if self.shadow == "radix" and self.radix is not None and tokens is not None:
             return self.radix.prefix_length(tokens) * self.radix_token_weight
         return self.blocks.estimate_cache_hit(blocks)
@@ -81,7 +99,22 @@ class WorkerState:
             result = self.radix.insert(request.tokens, lock=True)
             radix_hit = min(result.cached_tokens * self.radix_token_weight, request.input_length)
             node = result.node
+        size = self.worker_block_size
+        if size and request.tokens is not None and not isinstance(request.tokens, TextBytes):
+            # exact tokens: what the worker can report is whole blocks of its own size, and
+            # never the prompt's last token (vLLM recomputes it)
+            blocks_hit = worker_visible(blocks_hit, request.input_length, size)
+            if radix_hit is not None:
+                radix_hit = worker_visible(radix_hit, request.input_length, size)
         hit = radix_hit if self.shadow == "radix" and radix_hit is not None else blocks_hit
+        kv_hit = None
+        kv_keys: list[int] = []
+        index = self.kv_index
+        if index is not None and request.tokens is not None:
+            kv_hit = index.estimate(request.tokens, request.input_length)
+            if kv_hit is not None:
+                hit = kv_hit
+            kv_keys = index.pin(request.tokens)
         new_prefill = max(0, request.input_length - hit)
         self.num_requests += 1
         self.pending_prefill_tokens += new_prefill
@@ -95,7 +128,16 @@ class WorkerState:
             decode_tokens=expected_output_tokens,
             blocks_estimate=min(blocks_hit, request.input_length),
             radix_estimate=radix_hit,
+            kv_estimate=kv_hit,
+            kv_keys=kv_keys,
+            input_length=request.input_length,
         )
+
+
+def worker_visible(hit: int, input_length: int, block_size: int) -> int:
+    """A hit estimate as a block-hashing worker would count it: whole ``block_size`` blocks,
+    at most ``input_length - 1`` tokens (vLLM always computes the last prompt token)."""
+    return min(hit, max(0, input_length - 1)) // block_size * block_size
 
 
 @dataclass(eq=False)
@@ -112,6 +154,9 @@ class Booking:
     prefill_released: bool = False
     finished: bool = False
     reported_cached: int | None = None
+    kv_estimate: int | None = None  # the KV-event index's estimate (None: it could not tell)
+    kv_keys: list[int] = field(default_factory=list)  # pinned in the index until finish
+    input_length: int = 0
 
     def first_token(self) -> None:
         """The worker started answering: its prefill of this request is done."""
@@ -131,6 +176,8 @@ class Booking:
         worker.blocks.release(self.blocks)
         if self.radix_node is not None and worker.radix is not None:
             worker.radix.dec_lock_ref(self.radix_node)
+        if self.kv_keys and worker.kv_index is not None:
+            worker.kv_index.unpin(self.kv_keys)
         return True
 
     def report_cached(self, cached_tokens: int) -> None:
@@ -143,6 +190,13 @@ class Booking:
         acc.reported_tokens += cached_tokens
         acc.blocks_estimate_tokens += self.blocks_estimate
         acc.blocks_abs_error_tokens += abs(self.blocks_estimate - cached_tokens)
+        acc.prompt_tokens += self.input_length
+        if self.kv_estimate is not None:
+            acc.kv_requests += 1
+            acc.kv_prompt_tokens += self.input_length
+            acc.kv_reported_tokens += cached_tokens
+            acc.kv_estimate_tokens += self.kv_estimate
+            acc.kv_abs_error_tokens += abs(self.kv_estimate - cached_tokens)
         if self.radix_estimate is not None:
             acc.radix_estimate_tokens += self.radix_estimate
             acc.radix_abs_error_tokens += abs(self.radix_estimate - cached_tokens)

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -48,17 +49,28 @@ class Service:
 
 
 def start_service(name: str, args: Sequence[str], port: int, ready_path: str = "/health",
-                  timeout_s: float = 60.0) -> Service:  # fmt: skip
-    """Run ``cache-router ARGS`` and wait until ``ready_path`` answers 200."""
+                  timeout_s: float = 60.0, log_file: str | None = None) -> Service:  # fmt: skip
+    """Run ``cache-router ARGS`` and wait until ``ready_path`` answers 200.
+
+    ``log_file``: append the process's stderr there instead of a pipe, for long runs (a pipe
+    nobody reads fills up after 64 KB of log lines and then blocks the process).
+    """
     cmd = [sys.executable, "-m", "router.cli", *args]
-    process = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}
-    )
+    stderr = open(log_file, "ab") if log_file else subprocess.PIPE  # noqa: SIM115
+    try:
+        process = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ}
+        )
+    finally:
+        if log_file:
+            stderr.close()  # the child has its own descriptor
     service = Service(name, f"http://{HOST}:{port}", process)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             err = process.stderr.read().decode(errors="replace")[-2000:] if process.stderr else ""
+            if log_file:
+                err = Path(log_file).read_text(errors="replace")[-2000:]
             raise RuntimeError(f"{name} exited with {process.returncode}: {err}")
         try:
             if httpx.get(service.url + ready_path, timeout=1.0).status_code == 200:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -25,6 +24,7 @@ from fake_worker import FakeWorker
 
 from router.app import RouterApp, create_app
 from router.config import Settings, load_settings
+from router.server import Server, build_config
 
 FAST = {
     "health_interval_s": 0.2,
@@ -41,19 +41,11 @@ class RouterServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.app: RouterApp = create_app(settings)
-        config = uvicorn.Config(
-            self.app,
-            host="127.0.0.1",
-            port=0,
-            http="httptools",
-            lifespan="on",
-            log_level="warning",
-            access_log=False,
-            server_header=False,
-            date_header=False,
-            backlog=4096,
+        # the same server as `cache-router serve` (router.server: limits, drain), test port
+        config = build_config(
+            self.app, settings, host="127.0.0.1", port=0, log_level="warning", access_log=False
         )
-        self.server = uvicorn.Server(config)
+        self.server = Server(config, self.app)
         self.loop = uvloop.new_event_loop()
         self.thread = threading.Thread(target=self._run, daemon=True, name="router")
         self.thread.start()

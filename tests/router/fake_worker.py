@@ -92,7 +92,8 @@ class _Conn(asyncio.Protocol):
         self.request.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.request.headers[name.decode().lower()] = value.decode()
+        # latin-1, as HTTP servers read header bytes (vLLM's uvicorn too): never fails
+        self.request.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_body(self, body: bytes) -> None:
         self.request.body += body
@@ -141,6 +142,7 @@ class FakeWorker:
         self.hang = False
         self.report_cached = True
         self.healthy = True
+        self.metrics_text: str | None = None  # GET /metrics answers this when set
         for key, value in knobs.items():
             if not hasattr(self, key):
                 raise TypeError(f"unknown knob {key}")
@@ -220,6 +222,8 @@ class FakeWorker:
                     "data": [{"id": MODEL, "object": "model", "owned_by": self.name}],
                 }
                 conn.write(_response(200, json.dumps(body).encode()))
+            elif path == "/metrics" and self.metrics_text is not None:
+                conn.write(_response(200, self.metrics_text.encode(), "text/plain"))
             else:
                 conn.write(_response(404, b'{"error": "not found"}'))
             return

@@ -90,5 +90,10 @@ async def stream(
     finally:
         writer.transport.abort()  # a hang-up without goodbye, as a killed client does
     status, worker = _status_and_worker(received)
-    complete = received.endswith(b"0\r\n\r\n") and b"data: [DONE]" in received
+    # an error event (a stream the worker cut, router.forward) is not a complete answer
+    complete = (
+        received.endswith(b"0\r\n\r\n")
+        and b"data: [DONE]" in received
+        and b'data: {"error"' not in received
+    )
     return StreamResult(status, received, complete, disconnected, worker)

@@ -77,4 +77,6 @@ def test_serve_flags_parse_into_settings():
     assert s.workers == ["http://a:1", "http://b:2", "http://c:3"]
     assert s.picker_params == {"overload_factor": 3.5}
     assert s.capacity_for("http://a:1") == 2048 and s.capacity_for("http://b:2") == 1_000_000
-    assert s.stream_usage is False and s.api_keys == ["k1", "k2"]
+    assert s.stream_usage is False
+    assert [k.get_secret_value() for k in s.api_keys] == ["k1", "k2"]
+    assert "k1" not in repr(s) and "k2" not in s.model_dump_json()  # keys are secrets

@@ -59,7 +59,7 @@ def test_tried_workers_are_excluded_then_none_is_left():
 
 
 def test_failures_take_a_worker_out_and_success_resets_its_shadow():
-    p = pool(health_failure_threshold=2)
+    p = pool(health_failure_threshold=2, circuit_open_s=0)  # (cooldown: test_circuit.py)
     w = p.workers[0]
     w.state.book(features(list(range(2048)))).finish()
     w.state.blocks.resize(3)
@@ -77,7 +77,10 @@ def test_failures_take_a_worker_out_and_success_resets_its_shadow():
 
 async def test_health_checker_probes(fake_workers):
     up, down = fake_workers(2)
-    p = WorkerPool(load_settings(workers=[up.url, down.url], health_failure_threshold=1))
+    settings = load_settings(
+        workers=[up.url, down.url], health_failure_threshold=1, circuit_open_s=0
+    )
+    p = WorkerPool(settings)
     down.healthy = False  # answers 503
     checker = HealthChecker(p)
     await checker.probe_all()

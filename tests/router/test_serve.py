@@ -52,7 +52,7 @@ def test_serve_process_routes_and_stops(fake_workers, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-    assert proc.returncode in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
+    assert proc.returncode == 0  # a drained shutdown exits 0 (router.server.serve)
 
 
 def test_serve_rejects_bad_options():
