@@ -10,9 +10,9 @@ about 6 s when idle, at once when traffic hits it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
+from router import periodic
 from router.pool import Worker, WorkerPool
 from router.upstream import UpstreamError
 
@@ -55,12 +55,7 @@ class HealthChecker:
             await asyncio.gather(*(self.probe(w) for w in workers))
 
     async def _run(self) -> None:
-        while True:
-            try:
-                await self.probe_all()
-            except Exception:  # never let one bad round stop the checks
-                log.exception("health round failed")
-            await asyncio.sleep(self.interval)
+        await periodic.every(self.interval, self.probe_all, log, "health round")
 
     def kick(self, worker: Worker) -> None:
         """Probe ``worker`` now (a worker just added), without waiting for the round."""
@@ -76,7 +71,4 @@ class HealthChecker:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await periodic.cancel(task)

@@ -64,6 +64,7 @@ from urllib.parse import urlsplit
 import msgspec
 import xxhash
 
+from router import periodic
 from router.block_hash import TextBytes, hash_blocks, token_bytes
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ log = logging.getLogger("cache_router.kv_events")
 END_SEQ = -1
 """The replay socket's end-of-replay marker (``seq`` -1, signed)."""
 REPLAY_TIMEOUT_S = 3.0
+"""A replay answers within this long and never pauses longer (else it counts as no answer)."""
+REPLAY_MAX_S = 60.0
+"""Longest a whole replay may stream (vLLM buffers up to 10,000 batches)."""
 PIN_GRACE_S = 5.0
 """A finished request's blocks count as present this long, or until their stored event
 arrives: vLLM publishes a step's events from a thread of its engine process, and under load
@@ -516,7 +520,9 @@ class KVEventSubscriber:
         self.feed = KVEventFeed(index)
         self.connected = 0  # publishers connected (socket monitor)
         self.messages = 0
-        self.lag_s_max = 0.0  # receive time - the batch's ts (needs synchronised clocks)
+        # receive time - publish time (the batch's ts; same clock assumed) of the last 256
+        # live batches: a backlog vLLM queued while no router listened ages out of it
+        self.lags: deque[float] = deque(maxlen=256)
         self.errors = 0
         self.last_error: str | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -528,7 +534,7 @@ class KVEventSubscriber:
             "replay_endpoint": self.replay_endpoint or None,
             "connected": self.connected > 0,
             "messages": self.messages,
-            "lag_s_max": round(self.lag_s_max, 4),
+            "lag_s_max": round(max(self.lags), 4) if self.lags else None,
             "last_seq": self.feed.last_seq,
             "replaying": self.feed.replaying,
             "errors": self.errors,
@@ -543,14 +549,19 @@ class KVEventSubscriber:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.RCVHWM, 0)  # never drop on our side; gaps are replayed anyway
         sub.setsockopt(zmq.LINGER, 0)
+        # the monitor exists before the bind: vLLM's publisher retries its connect every
+        # 100 ms and must not complete its handshake unseen
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         try:
             sub.bind(self.bind)
         except zmq.ZMQError:
+            sub.disable_monitor()
+            monitor.close(0)
             sub.close(0)
             raise
         self._sub = sub
         self._spawn(self._receive())
-        self._spawn(self._monitor())
+        self._spawn(self._monitor(monitor))
         if self.replay_endpoint:  # catch up now: the worker may hold blocks already
             self.feed.replaying = True
             self._spawn(self._replay(0))
@@ -587,7 +598,7 @@ class KVEventSubscriber:
                 self.last_error = str(exc)
                 continue
             if ts:
-                self.lag_s_max = max(self.lag_s_max, time.time() - ts)
+                self.lags.append(time.time() - ts)
             start = self.feed.live(seq, ts, events)
             if start is not None:
                 if self.replay_endpoint:
@@ -595,13 +606,10 @@ class KVEventSubscriber:
                 else:
                     self.feed.replayed(start, None)
 
-    async def _monitor(self) -> None:
+    async def _monitor(self, monitor: Any) -> None:
         import zmq
         from zmq.utils.monitor import parse_monitor_message
 
-        monitor = self._sub.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-        )
         try:
             while True:
                 message = parse_monitor_message(await monitor.recv_multipart())
@@ -623,9 +631,9 @@ class KVEventSubscriber:
         try:
             sock.connect(self.replay_endpoint)
             await sock.send_multipart([b"", from_seq.to_bytes(8, "big")])
-            deadline = time.monotonic() + REPLAY_TIMEOUT_S
+            deadline = time.monotonic() + REPLAY_MAX_S
             while True:
-                left = deadline - time.monotonic()
+                left = min(REPLAY_TIMEOUT_S, deadline - time.monotonic())
                 if left <= 0 or not await sock.poll(left * 1000):
                     batches = None  # no (complete) answer: the gap stays open
                     break
@@ -699,12 +707,7 @@ class KVEventsManager:
             log.info("kv events for %s: bound %s (replay %s)", url, bind, replay or "off")
 
     async def _run(self) -> None:
-        while True:
-            try:
-                await self.reconcile()
-            except Exception:
-                log.exception("kv events reconcile failed")
-            await asyncio.sleep(self.RECONCILE_S)
+        await periodic.every(self.RECONCILE_S, self.reconcile, log, "kv events reconcile")
 
     async def start(self) -> None:
         import zmq.asyncio
@@ -715,10 +718,7 @@ class KVEventsManager:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await periodic.cancel(task)
         for sub in list(self.subscribers.values()):
             sub.worker.kv_events = None
             await sub.stop()

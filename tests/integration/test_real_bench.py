@@ -19,17 +19,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ENABLED, SKIP_REASON
-
-from bench import Workload, markdown, run_bench, run_specs
+from realworkers_support import ENABLED, SKIP_REASON, load_bench
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)
 
 
 def test_bar_on_real_workers(real_workers) -> None:
-    cfg = Workload()
-    specs = run_specs("round_robin,lmetric,lmetric+kv", str(real_workers.model), 32)
-    results = {r["name"]: r for r in run_bench(real_workers.urls, specs, cfg)}
+    bench = load_bench()
+    cfg = bench.Workload()
+    specs = bench.run_specs("round_robin,lmetric,lmetric+kv", str(real_workers.model), 32)
+    results = {r["name"]: r for r in bench.run_bench(real_workers.urls, specs, cfg)}
     out = Path(os.environ.get("CACHE_ROUTER_BENCH_OUT") or tempfile.mkdtemp(prefix="rw-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     document = {
@@ -38,7 +37,7 @@ def test_bar_on_real_workers(real_workers) -> None:
         "runs": list(results.values()),
     }
     (out / "results.json").write_text(json.dumps(document, indent=1))
-    table = markdown(list(results.values()))
+    table = bench.markdown(list(results.values()))
     (out / "results.md").write_text(table + "\n")
     print(f"\n{table}\n(written to {out})")
 

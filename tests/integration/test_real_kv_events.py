@@ -6,8 +6,9 @@ until the worker's cache is cleared."""
 from __future__ import annotations
 
 import pytest
-from conftest import ENABLED, SKIP_REASON
-from support import (
+from realworkers_support import (
+    ENABLED,
+    SKIP_REASON,
     cached,
     complete,
     kv_ready,

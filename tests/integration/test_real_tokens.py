@@ -10,8 +10,17 @@ import asyncio
 import httpx
 import orjson
 import pytest
-from conftest import ENABLED, SKIP_REASON
-from support import cached, chat, complete, routed, text, unique, workers_of
+from realworkers_support import (
+    ENABLED,
+    SKIP_REASON,
+    cached,
+    chat,
+    complete,
+    routed,
+    text,
+    unique,
+    workers_of,
+)
 
 from router.parse import CHAT, COMPLETION, parse_request
 from router.tokenize import LocalTokenizer, WorkerTokenizer

@@ -6,9 +6,18 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import ENABLED, SKIP_REASON
 from prometheus_client.parser import text_string_to_metric_families
-from support import complete, routed, text, unique, wait_until, worker_reading, workers_of
+from realworkers_support import (
+    ENABLED,
+    SKIP_REASON,
+    complete,
+    routed,
+    text,
+    unique,
+    wait_until,
+    worker_reading,
+    workers_of,
+)
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)
 
@@ -74,7 +83,7 @@ def test_tiny_model_is_built_deterministically(real_workers, tmp_path) -> None:
     import os
     import subprocess
 
-    from conftest import SCRIPTS
+    from realworkers_support import SCRIPTS
 
     python = real_workers.model.parent / "venv" / "bin" / "python"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -7,17 +7,31 @@ with ``CACHE_ROUTER_SLOW=1``, which .ci/run sets; ``make test`` stays fast.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 ROUTER_TESTS = Path(__file__).resolve().parent.parent / "router"
-if str(ROUTER_TESTS) not in sys.path:
-    sys.path.insert(0, str(ROUTER_TESTS))
 
-from conftest import fake_workers, router_server  # noqa: E402, F401  (fixtures, re-exported)
+
+def _router_conftest() -> ModuleType:
+    """tests/router/conftest.py, loaded by path: the bare name ``conftest`` may already be
+    another folder's (tests/integration puts its own first on sys.path)."""
+    name = "cache_router_tests_router_conftest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROUTER_TESTS / "conftest.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)  # puts tests/router on sys.path (fake_worker, streams)
+    return sys.modules[name]
+
+
+fake_workers = _router_conftest().fake_workers  # fixtures, re-exported
+router_server = _router_conftest().router_server
 
 SLOW = os.environ.get("CACHE_ROUTER_SLOW") == "1"
 

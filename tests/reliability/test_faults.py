@@ -16,8 +16,13 @@ import socket
 
 import httpx
 import pytest
-from conftest import wait_until
-from reliability_support import all_zero, booked, raw_exchange
+from reliability_support import (
+    all_zero,
+    booked,
+    complete_response,
+    raw_exchange,
+    wait_until,
+)
 from streams import request_bytes, stream
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "a story " * 300}]}
@@ -285,7 +290,7 @@ async def _hang_up_at(port: int, point: str, body: dict, rng: random.Random) -> 
                     return
                 if point == "mid_stream" and received.count(b"data:") >= rng.randint(1, 4):
                     return
-                if received.endswith(b"0\r\n\r\n"):
+                if complete_response(received):
                     return
     finally:
         writer.transport.abort()

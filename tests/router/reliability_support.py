@@ -7,6 +7,8 @@ Everything listens on / talks to 127.0.0.1 only, and every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,7 +189,7 @@ async def raw_exchange(
                 state["closed"] = True
                 return
             received.extend(chunk)
-            if not read_until_close and _complete(bytes(received)):
+            if not read_until_close and complete_response(bytes(received)):
                 return
 
     reading = asyncio.ensure_future(read())
@@ -215,7 +217,7 @@ async def raw_exchange(
     return RawResult(status, head, body, state["closed"], timed_out)
 
 
-def _complete(received: bytes) -> bool:
+def complete_response(received: bytes) -> bool:
     """Whether ``received`` holds one whole response framed by content-length."""
     head, sep, body = received.partition(b"\r\n\r\n")
     if not sep:
@@ -254,3 +256,14 @@ def booked(app: Any, states: list | None = None) -> list[tuple[int, int, int, in
 
 def all_zero(rows: list[tuple[int, ...]]) -> bool:
     return all(not any(row) for row in rows)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.02) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` (the same as tests/router/conftest.py's,
+    importable under a name no other conftest shadows)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()

