@@ -19,6 +19,7 @@ demo: venv
 test: venv lint-deploy image-steps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo --no-cache
 	$(BIN)/pytest -q
 
 # The deployment files, with the linters the `test` extra installs (deploy/README.md):

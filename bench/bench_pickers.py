@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_pickers.py [--workers 16] [--blocks 64] [--rounds 5]
 
 The prompt's 64 block keys are precomputed (as the proxy computes them once per request);
-each worker view is backed by the real shadow, :class:`router.block_lru.BlockLRU`, filled
+each worker view is backed by the real shadow, :class:`router.cache.block_lru.BlockLRU`, filled
 to a realistic state: one worker holds the whole prompt, three hold its first half (a
 shared system prompt and early turns), the rest hold unrelated blocks. Loads are mixed.
 Goal: p99 <= 50 us for lmetric and unified. The timer wraps ``picker.pick`` only; GC stays
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from policies.base import Picker, RequestFeatures
 from policies.registry import PICKER_NAMES, make_picker
-from router.block_hash import BLOCK_SIZE, chain_ids
-from router.block_lru import BlockLRU
+from router.cache.block_hash import BLOCK_SIZE, chain_ids
+from router.cache.block_lru import BlockLRU
 
 GOAL_US = 50.0
 GOAL_PICKERS = ("lmetric", "unified")

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from router.block_hash import hash_blocks, token_bytes
-from router.block_lru import BlockLRU
-from router.radix_tree import RadixTree
+from router.cache.block_hash import hash_blocks, token_bytes
+from router.cache.block_lru import BlockLRU
+from router.cache.radix_tree import RadixTree
 
 PROMPT_TOKENS = 32_768
 RNG = np.random.default_rng(0)

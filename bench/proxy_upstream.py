@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The proxy's worker client against httpx: requests/s and latency, one core, one worker.
 
-Why the proxy has its own HTTP/1.1 client (router/upstream.py): this measures the two on
+Why the proxy has its own HTTP/1.1 client (router/fleet/upstream.py): this measures the two on
 the same exchange the proxy makes (POST a 2 KB completion, read the whole answer) against
 an instant fake worker, sequentially and at concurrency 32.
 
@@ -19,7 +19,7 @@ import time
 import httpx
 import uvloop
 
-from router.upstream import UpstreamPool
+from router.fleet.upstream import UpstreamPool
 
 BODY = json.dumps({"model": "fake-model", "prompt": "x" * 2000, "max_tokens": 16}).encode()
 HEADERS = {"content-type": "application/json"}
@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=5000)
     args = ap.parse_args()
     print("client\tconcurrency\treq/s\tp50_us\tp99_us")
-    for name, fn in (("router.upstream", ours), ("httpx", with_httpx)):
+    for name, fn in (("router.fleet.upstream", ours), ("httpx", with_httpx)):
         for concurrency in (1, 32):
             uvloop.run(fn(args.url, 200, concurrency))  # warm up
             t = time.perf_counter()

@@ -3,6 +3,9 @@
 A picker is a pure function of (request features, per-worker state views, the picker's own
 small state such as session bindings or a round-robin counter). It never mutates worker
 state: booking (counters, shadow insert, pins) is the caller's job, done once per request.
+
+A request's features (:class:`~router.cache.features.RequestFeatures`) belong to the cache
+model, which computes and books them; they are re-exported here as part of the contract.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from router.cache.features import RequestFeatures
 
 
 @runtime_checkable
@@ -39,21 +44,6 @@ class WorkerView(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class RequestFeatures:
-    """What a picker knows about one request, computed once by the caller.
-
-    ``blocks`` are chained block hashes (or trace block keys) of ``block_size`` tokens each;
-    ``tokens`` (uint32 little-endian bytes) is present when the caller has exact token ids.
-    """
-
-    blocks: Sequence[int]
-    input_length: int
-    session_id: str | None = None
-    tokens: bytes | None = None
-    block_size: int = 512
-
-
-@dataclass(frozen=True, slots=True)
 class Pick:
     """A routing decision and why it was taken.
 
@@ -76,3 +66,6 @@ class Picker(Protocol):
     name: str
 
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick: ...
+
+
+__all__ = ["NoHealthyWorker", "Pick", "Picker", "RequestFeatures", "WorkerView"]

@@ -21,7 +21,7 @@ What we model and how:
 - The trees are *not* the router's shadow of the worker's KV cache: SGLang's router never
   sizes its tree to the worker's cache. Its bound is ``max_tree_size`` = 2**26 characters
   of prompt text per worker (SGLang's current default), trimmed by age (least recently
-  used leaves). We hold token trees (:class:`router.radix_tree.RadixTree`, LRU) with a
+  used leaves). We hold token trees (:class:`router.cache.radix_tree.RadixTree`, LRU) with a
   capacity of ``max_tree_size / chars_per_token`` tokens (``chars_per_token`` = 4, a usual
   BPE ratio for English), i.e. about 16.8M tokens per worker, far more than a real KV
   cache: the tree remembers prefixes the worker has long evicted, as SGLang's does.
@@ -52,8 +52,8 @@ from collections.abc import Sequence
 
 from policies.base import Pick, RequestFeatures, WorkerView
 from policies.hits import UNHEALTHY, estimate_hits
-from router.block_hash import TOKEN_BYTES, keys_as_tokens
-from router.radix_tree import RadixTree
+from router.cache.block_hash import TOKEN_BYTES, keys_as_tokens
+from router.cache.radix_tree import RadixTree
 
 CACHE_THRESHOLD = 0.3
 BALANCE_ABS_THRESHOLD = 64

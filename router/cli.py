@@ -31,8 +31,8 @@ def _command_modules() -> list:
     import importlib
 
     names = [
-        "router.demo",
-        "router.serve",
+        "traces.demo",
+        "router.proxy.serve",
         "traces.cli",
         "traces.simulate",
         "traces.sim_worker",

@@ -2,7 +2,7 @@
 environment (``CACHE_ROUTER_*``) and the command line, in increasing priority.
 
 Every option is a field here with its default and a description; ``cache-router serve
---help`` is generated from these fields (:mod:`router.serve`), so the help cannot drift from
+--help`` is generated from these fields (:mod:`router.proxy.serve`), so the help cannot drift from
 what the code reads.
 """
 
@@ -22,7 +22,8 @@ from pydantic_settings import (
 )
 
 from policies.registry import PICKER_NAMES, make_picker
-from router.block_hash import BLOCK_SIZE
+from router.cache.block_hash import BLOCK_SIZE
+from router.cache.radix_tree import EVICTION_POLICIES
 
 ENV_PREFIX = "CACHE_ROUTER_"
 
@@ -98,7 +99,7 @@ class Settings(BaseSettings):
     health_path: str = Field("/health", description="worker path probed for health")
     max_body_bytes: int = Field(32 << 20, gt=0, description="largest accepted request body (413)")
     # Keys are SecretStr: repr(), str() and model_dump() show "**********", so a logged
-    # Settings never leaks one (router/access.py compares them in constant time).
+    # Settings never leaks one (router/proxy/access.py compares them in constant time).
     admin_key: SecretStr | None = Field(
         None,
         description="key required (Bearer or X-Admin-Key) to POST/DELETE /workers; with "
@@ -120,8 +121,8 @@ class Settings(BaseSettings):
     correct_shadow: bool = Field(
         True, description="adapt shadow capacity to the cached tokens workers report"
     )
-    # Worker truth and precise mode (router/worker_metrics.py, router/kv_events.py): what the
-    # workers themselves say they hold, next to the router's estimate of it.
+    # Worker truth and precise mode (router/fleet/worker_metrics.py, router/fleet/kv_events.py):
+    # what the workers themselves say they hold, next to the router's estimate of it.
     worker_metrics_interval_s: float = Field(
         5.0,
         ge=0,
@@ -162,8 +163,8 @@ class Settings(BaseSettings):
     shutdown_timeout_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long in-flight requests may finish"
     )
-    # Admission control and client limits (router/server.py, router/forward.py): a router
-    # in front of a GPU fleet must shed load with a clear answer, never fall over.
+    # Admission control and client limits (router/proxy/server.py, router/proxy/forward.py): a
+    # router in front of a GPU fleet must shed load with a clear answer, never fall over.
     max_inflight: int = Field(
         2048,
         ge=0,
@@ -244,8 +245,6 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"tokenizer must be 'approx', 'worker' or an existing path, not {self.tokenizer!r}"
             )
-        from router.radix_tree import EVICTION_POLICIES
-
         if self.radix_eviction not in EVICTION_POLICIES:
             raise ValueError(
                 f"radix_eviction must be one of {', '.join(EVICTION_POLICIES)}, "

@@ -3,7 +3,7 @@
 Traces describe prompts as lists of block ids of their own size and scope: Mooncake gives
 globally prefix-unique 512-token ids, Weka file-local 64-token ids, Bailian global 16-token
 ids. Every format goes through :func:`block_keys`, which uses the router's own chaining
-(:func:`router.block_hash.chain_ids`: ``key_i = xxh3_64(ids of group i as uint64 LE,
+(:func:`router.cache.block_hash.chain_ids`: ``key_i = xxh3_64(ids of group i as uint64 LE,
 seed=key_{i-1})``), so a trace's keys mean what the shadow caches expect: equal key ``i`` ⇔
 equal prefix up to and including block ``i``.
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from router.block_hash import chain_ids
+from router.cache.block_hash import chain_ids
 from traces.record import BLOCK_TOKENS, TraceFormatError
 
 

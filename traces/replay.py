@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.upstream import UpstreamError, UpstreamPool
+from router.fleet.upstream import UpstreamError, UpstreamPool
 from traces.prompts import prompt_text, prompt_token_ids
 from traces.record import TraceRequest
 from traces.simulator import PolicyRun

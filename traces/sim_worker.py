@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from router import __version__
-from router.radix_tree import EVICTION_POLICIES
+from router.cache.radix_tree import EVICTION_POLICIES
 from traces.record import BLOCK_TOKENS
 from traces.sim_worker_api import (
     ApiError,

@@ -6,7 +6,7 @@ every field can be tested without a server.
 Prompts become *blocks* the way the router sees them:
 
 - Token ids (a completions prompt given as ids, SGLang's ``input_ids``):
-  ``input_length = len(ids)``, blocks = :func:`router.block_hash.hash_blocks` (512 ids each).
+  ``input_length = len(ids)``, blocks = :func:`router.cache.block_hash.hash_blocks` (512 ids each).
 - Text: the router's default prefix-stable approximation, 4 UTF-8 bytes per "token":
   ``input_length = ceil(len(bytes) / 4)``, blocks = ``hash_bytes_blocks(bytes, 2048)``.
 - Chat messages are serialized as ``"{role}\\n{content}\\n"`` per message, concatenated; no
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from router.block_hash import BLOCK_SIZE, TOKEN_BYTES, hash_blocks, hash_bytes_blocks
+from router.cache.block_hash import BLOCK_SIZE, TOKEN_BYTES, hash_blocks, hash_bytes_blocks
 
 Kind = Literal["chat", "completion", "generate"]
 

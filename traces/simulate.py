@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from policies.registry import PICKER_NAMES, make_picker, picker_params
-from router.worker_state import SHADOW_KINDS
+from router.cache.worker_state import SHADOW_KINDS
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.formats import load_trace
 from traces.record import TraceRequest

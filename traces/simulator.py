@@ -1,7 +1,7 @@
 """The offline simulator: a trace through N worker models and a router, in virtual time.
 
 The router part is the live proxy's: the same pickers (``policies``), the same per-worker
-:class:`router.worker_state.WorkerState` (block-hash LRU and radix shadows, load counters)
+:class:`router.cache.worker_state.WorkerState` (block-hash LRU and radix shadows, load counters)
 and the same booking rules (book at dispatch, pending prefill released at the first token,
 everything released at completion). Only the clock and the workers are simulated: each
 worker is a :class:`traces.worker_model.WorkerModel` with a real radix KV cache, so the hit
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from policies.base import Picker, RequestFeatures
-from router.block_hash import keys_as_tokens
-from router.block_lru import BlockLRU
-from router.radix_tree import RadixTree
-from router.worker_state import Booking, ShadowKind, WorkerState
+from router.cache.block_hash import keys_as_tokens
+from router.cache.block_lru import BlockLRU
+from router.cache.radix_tree import RadixTree
+from router.cache.worker_state import Booking, ShadowKind, WorkerState
 from traces.record import BLOCK_TOKENS, TraceRequest
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 

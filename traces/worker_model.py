@@ -1,7 +1,7 @@
 """A model of one inference worker: continuous batching over a real radix KV cache.
 
 Used in virtual time by the offline simulator and in real time by the simulated worker
-server. The KV cache is :class:`router.radix_tree.RadixTree` (the same module as the router's
+server. The KV cache is :class:`router.cache.radix_tree.RadixTree` (the same module as the router's
 shadow) over whole 512-token blocks: traces describe prompts by block keys, so a block is
 the unit of caching and of memory (``page_size=2``, two uint32 pseudo-tokens per 64-bit key).
 
@@ -37,8 +37,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from router.block_hash import keys_as_tokens
-from router.radix_tree import RadixTree, TreeNode
+from router.cache.block_hash import keys_as_tokens
+from router.cache.radix_tree import RadixTree, TreeNode
 from traces.record import BLOCK_TOKENS
 
 _PSEUDO = 2  # pseudo-tokens per block key in the tree

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from router.worker_metrics import parse_worker_metrics  # noqa: E402
+from router.fleet.worker_truth import parse_worker_metrics  # noqa: E402
 from traces.fleet import reset_caches, router  # noqa: E402
 
 CHARS_PER_TOKEN = 3.4

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.worker_metrics import parse_worker_metrics
+from router.fleet.worker_truth import parse_worker_metrics
 from traces.fleet import Service, router
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

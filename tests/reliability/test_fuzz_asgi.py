@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_support import EchoWorker, all_zero, asgi_call, booked
 
-from router.app import RouterApp, create_app
 from router.config import load_settings
+from router.proxy.app import RouterApp, create_app
 
 SLOW = os.environ.get("CACHE_ROUTER_SLOW") == "1"
 TOTAL = int(os.environ.get("CACHE_ROUTER_FUZZ_EXAMPLES", 3000 if SLOW else 300))

@@ -1,5 +1,5 @@
 """Byte-level fuzzing over real sockets, against the router as `cache-router serve` runs it
-(uvicorn + httptools + router.server's limits): invalid UTF-8 anywhere, huge and many headers,
+(uvicorn + httptools + router.proxy.server's limits): invalid UTF-8 anywhere, huge and many headers,
 bad Content-Length and chunked framing, other protocols, slow clients, and seeded random
 mutations of valid requests.
 

@@ -28,7 +28,7 @@ from typing import Any
 import httptools
 import numpy as np
 
-from router.radix_tree import RadixTree
+from router.cache.radix_tree import RadixTree
 
 MODEL = "fake-model"
 

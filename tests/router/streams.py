@@ -90,7 +90,7 @@ async def stream(
     finally:
         writer.transport.abort()  # a hang-up without goodbye, as a killed client does
     status, worker = _status_and_worker(received)
-    # an error event (a stream the worker cut, router.forward) is not a complete answer
+    # an error event (a stream the worker cut, router.proxy.forward) is not a complete answer
     complete = (
         received.endswith(b"0\r\n\r\n")
         and b"data: [DONE]" in received

@@ -9,7 +9,7 @@ from traces.record import TraceFormatError
 
 
 def reference_keys(ids: list[int], group: int, root: int) -> list[int]:
-    """The documented scheme, written out independently of router.block_hash."""
+    """The documented scheme, written out independently of router.cache.block_hash."""
     keys, parent = [], root
     for i in range(0, len(ids) - group + 1, group):
         parent = xxhash.xxh3_64_intdigest(

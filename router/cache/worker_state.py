@@ -1,0 +1,200 @@
+"""One worker's state as the router sees it, and the booking of a request on it.
+
+The live proxy and the offline simulator share this module, so both follow seed 002's
+state machine with the same code:
+
+- at dispatch (:meth:`WorkerState.book`): ``num_requests += 1``, ``pending_prefill_tokens
+  += new_prefill``, ``ongoing_decode_tokens += expected output``; the request's blocks are
+  pinned in the block-hash LRU and its tokens inserted (locked) in the shadow radix tree;
+- at the first token (:meth:`Booking.first_token`): the pending prefill is released;
+- at the end, whatever the path (:meth:`Booking.finish`): everything else is released.
+
+Each release happens exactly once however often it is called, so every exit path (done,
+error, timeout, client disconnect) may simply call ``finish()``.
+
+Both shadows are always kept; ``shadow`` chooses which answers ``estimate_cache_hit``. The
+estimates of both are kept on the booking so the worker's reported cached tokens can score
+each of them (:meth:`Booking.report_cached`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from router.cache.block_hash import TextBytes
+from router.cache.block_lru import BlockLRU
+from router.cache.features import RequestFeatures
+from router.cache.kv_index import KVIndex
+from router.cache.radix_tree import RadixTree, TreeNode
+
+ShadowKind = Literal["blocks", "radix"]
+SHADOW_KINDS: tuple[str, ...] = ("blocks", "radix")
+
+
+@dataclass
+class ShadowAccuracy:
+    """Estimated vs reported cached tokens, summed over requests with a report."""
+
+    requests: int = 0
+    reported_tokens: int = 0
+    blocks_estimate_tokens: int = 0
+    radix_estimate_tokens: int = 0
+    blocks_abs_error_tokens: int = 0
+    radix_abs_error_tokens: int = 0
+    prompt_tokens: int = 0  # prompt tokens of the requests with a report
+    # the KV-event index, over the reported requests it estimated (synced at dispatch)
+    kv_requests: int = 0
+    kv_prompt_tokens: int = 0
+    kv_reported_tokens: int = 0
+    kv_estimate_tokens: int = 0
+    kv_abs_error_tokens: int = 0
+
+
+@dataclass(eq=False)
+class WorkerState:
+    """A worker's load counters and both shadow caches; a ``policies.base.WorkerView``.
+
+    ``radix`` may be ``None`` when the caller never has token ids for it. When the caller
+    caches block keys as pseudo-tokens (trace simulation), ``radix_token_weight`` is the
+    real tokens one radix token stands for.
+    """
+
+    name: str
+    blocks: BlockLRU
+    radix: RadixTree | None = None
+    shadow: ShadowKind = "blocks"
+    radix_token_weight: int = 1
+    healthy: bool = True
+    num_requests: int = 0
+    pending_prefill_tokens: int = 0
+    ongoing_decode_tokens: int = 0
+    accuracy: ShadowAccuracy = field(default_factory=ShadowAccuracy)
+    kv_index: KVIndex | None = None  # precise mode (router/fleet/kv_events.py): answers when synced
+    worker_block_size: int | None = None  # the worker's own KV block size, from its /metrics
+
+    def __post_init__(self) -> None:
+        if self.shadow not in SHADOW_KINDS:
+            raise ValueError(f"shadow must be one of {SHADOW_KINDS}, not {self.shadow!r}")
+
+    def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
+        index = self.kv_index
+        if index is not None and index.synced and tokens is not None:
+            hit = index.estimate(tokens, len(tokens) // 4)
+            if hit is not None:
+                return hit
+        if self.shadow == "radix" and self.radix is not None and tokens is not None:
+            return self.radix.prefix_length(tokens) * self.radix_token_weight
+        return self.blocks.estimate_cache_hit(blocks)
+
+    def book(self, request: RequestFeatures, expected_output_tokens: int = 0) -> Booking:
+        """Claim this worker for ``request``: counters up, blocks pinned, path locked."""
+        blocks_hit = self.blocks.estimate_cache_hit(request.blocks)
+        radix_hit = None
+        node = None
+        if self.radix is not None and request.tokens is not None:
+            result = self.radix.insert(request.tokens, lock=True)
+            radix_hit = min(result.cached_tokens * self.radix_token_weight, request.input_length)
+            node = result.node
+        size = self.worker_block_size
+        if size and request.tokens is not None and not isinstance(request.tokens, TextBytes):
+            # exact tokens: what the worker can report is whole blocks of its own size, and
+            # never the prompt's last token (vLLM recomputes it)
+            blocks_hit = worker_visible(blocks_hit, request.input_length, size)
+            if radix_hit is not None:
+                radix_hit = worker_visible(radix_hit, request.input_length, size)
+        hit = radix_hit if self.shadow == "radix" and radix_hit is not None else blocks_hit
+        kv_hit = None
+        kv_keys: list[int] = []
+        index = self.kv_index
+        if index is not None and request.tokens is not None:
+            kv_hit = index.estimate(request.tokens, request.input_length)
+            if kv_hit is not None:
+                hit = kv_hit
+            kv_keys = index.pin(request.tokens)
+        new_prefill = max(0, request.input_length - hit)
+        self.num_requests += 1
+        self.pending_prefill_tokens += new_prefill
+        self.ongoing_decode_tokens += expected_output_tokens
+        self.blocks.acquire(request.blocks)
+        return Booking(
+            worker=self,
+            blocks=request.blocks,
+            radix_node=node,
+            new_prefill=new_prefill,
+            decode_tokens=expected_output_tokens,
+            blocks_estimate=min(blocks_hit, request.input_length),
+            radix_estimate=radix_hit,
+            kv_estimate=kv_hit,
+            kv_keys=kv_keys,
+            input_length=request.input_length,
+        )
+
+
+def worker_visible(hit: int, input_length: int, block_size: int) -> int:
+    """A hit estimate as a block-hashing worker would count it: whole ``block_size`` blocks,
+    at most ``input_length - 1`` tokens (vLLM always computes the last prompt token)."""
+    return min(hit, max(0, input_length - 1)) // block_size * block_size
+
+
+@dataclass(eq=False)
+class Booking:
+    """One request's claim on one worker; releases each part exactly once."""
+
+    worker: WorkerState
+    blocks: Sequence[int]
+    radix_node: TreeNode | None
+    new_prefill: int
+    decode_tokens: int
+    blocks_estimate: int
+    radix_estimate: int | None
+    prefill_released: bool = False
+    finished: bool = False
+    reported_cached: int | None = None
+    kv_estimate: int | None = None  # the KV-event index's estimate (None: it could not tell)
+    kv_keys: list[int] = field(default_factory=list)  # pinned in the index until finish
+    input_length: int = 0
+
+    def first_token(self) -> None:
+        """The worker started answering: its prefill of this request is done."""
+        if not self.prefill_released:
+            self.prefill_released = True
+            self.worker.pending_prefill_tokens -= self.new_prefill
+
+    def finish(self) -> bool:
+        """Release everything still held; True the first time, False afterwards."""
+        if self.finished:
+            return False
+        self.finished = True
+        self.first_token()
+        worker = self.worker
+        worker.num_requests -= 1
+        worker.ongoing_decode_tokens -= self.decode_tokens
+        worker.blocks.release(self.blocks)
+        if self.radix_node is not None and worker.radix is not None:
+            worker.radix.dec_lock_ref(self.radix_node)
+        if self.kv_keys and worker.kv_index is not None:
+            worker.kv_index.unpin(self.kv_keys)
+        return True
+
+    def report_cached(self, cached_tokens: int) -> None:
+        """Record the worker's own count of prompt tokens it found cached (once)."""
+        if self.reported_cached is not None or cached_tokens < 0:
+            return
+        self.reported_cached = cached_tokens
+        acc = self.worker.accuracy
+        acc.requests += 1
+        acc.reported_tokens += cached_tokens
+        acc.blocks_estimate_tokens += self.blocks_estimate
+        acc.blocks_abs_error_tokens += abs(self.blocks_estimate - cached_tokens)
+        acc.prompt_tokens += self.input_length
+        if self.kv_estimate is not None:
+            acc.kv_requests += 1
+            acc.kv_prompt_tokens += self.input_length
+            acc.kv_reported_tokens += cached_tokens
+            acc.kv_estimate_tokens += self.kv_estimate
+            acc.kv_abs_error_tokens += abs(self.kv_estimate - cached_tokens)
+        if self.radix_estimate is not None:
+            acc.radix_estimate_tokens += self.radix_estimate
+            acc.radix_abs_error_tokens += abs(self.radix_estimate - cached_tokens)

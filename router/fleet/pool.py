@@ -1,0 +1,264 @@
+"""The workers behind the proxy: their states, connections, health, and the picker over them.
+
+Each :class:`Worker` owns one :class:`~router.cache.worker_state.WorkerState` (load counters and
+both shadows, sized to the worker's KV capacity), one connection pool and its counters.
+The picker indexes the list of states the pool hands it, so the order is stable: a new
+worker is appended.
+
+Removal. A removed worker leaves the list at once (no new request goes there); requests in
+flight on it hold its ``WorkerState`` through their booking and release there as usual. The
+sticky and unified pickers bind sessions to list *indices*, which shift on removal, so the
+picker is rebuilt (same name, same parameters): every session is routed as new once, then
+binds again. Adding a worker keeps the picker (indices do not move).
+
+Health: a circuit breaker per worker. ``health_failure_threshold`` consecutive failures
+(health probes; and of real requests: connect errors, resets, timeouts, 5xx answers) open
+the circuit: the worker is taken out of picking. It stays out at least ``circuit_open_s``;
+after that the first success (a probe, :mod:`router.fleet.health`) closes the circuit and brings
+it back, with its shadow reset (unpinned entries forgotten, capacities restored): a worker
+that was down most likely restarted with an empty cache. A failing real request never
+takes out the *last* healthy worker (probes still can): when every worker answers 5xx,
+relaying their answers beats a router-made 503 for all. Transitions are counted
+(``circuit_transitions_total``) and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.base import NoHealthyWorker, Pick, RequestFeatures
+from policies.registry import make_picker
+from router.cache.block_lru import BlockLRU
+from router.cache.feedback import reset_shadow
+from router.cache.kv_index import KVIndex
+from router.cache.radix_tree import RadixTree
+from router.cache.worker_state import WorkerState
+from router.config import Settings, normalize_url
+from router.fleet.stats import PoolStats, WorkerStats
+from router.fleet.upstream import UpstreamPool
+from router.fleet.worker_truth import WorkerTruth
+
+log = logging.getLogger("cache_router.pool")
+
+
+@dataclass(eq=False)
+class Worker:
+    """One worker: its state for the pickers, its connections, its health and counters."""
+
+    url: str
+    state: WorkerState
+    upstream: UpstreamPool
+    capacity_tokens: int
+    capacity_blocks: int
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    removed: bool = False
+    opened_at: float | None = None  # time.monotonic() when the circuit last opened
+    stats: WorkerStats = field(default_factory=WorkerStats)
+    truth: WorkerTruth = field(default_factory=WorkerTruth)  # its /metrics (worker_metrics.py)
+    kv_events: Any = None  # its KVEventSubscriber (kv_events.py) in precise mode
+
+    @property
+    def healthy(self) -> bool:
+        return self.state.healthy
+
+    def describe(self) -> dict[str, Any]:
+        """The ``/workers`` entry."""
+        state, acc = self.state, self.state.accuracy
+        radix = state.radix
+        return {
+            "url": self.url,
+            "healthy": state.healthy,
+            "num_requests": state.num_requests,
+            "pending_prefill_tokens": state.pending_prefill_tokens,
+            "ongoing_decode_tokens": state.ongoing_decode_tokens,
+            "pinned_blocks": state.blocks.pinned_blocks,
+            "shadow_blocks": len(state.blocks),
+            "shadow_capacity_blocks": state.blocks.capacity_blocks,
+            "radix_tokens": radix.total_tokens if radix is not None else 0,
+            "radix_locked_tokens": radix.protected_tokens if radix is not None else 0,
+            "radix_capacity_tokens": radix.capacity_tokens if radix is not None else 0,
+            "kv_capacity_tokens": self.capacity_tokens,
+            "requests_total": sum(self.stats.requests.values()),
+            "prompt_tokens": self.stats.prompt_tokens,
+            "estimated_hit_tokens": self.stats.estimated_hit_tokens,
+            "reported_cached_tokens": self.stats.reported_cached_raw,
+            "accuracy": {
+                "requests": acc.requests,
+                "reported_tokens": acc.reported_tokens,
+                "blocks_estimate_tokens": acc.blocks_estimate_tokens,
+                "radix_estimate_tokens": acc.radix_estimate_tokens,
+                "blocks_abs_error_tokens": acc.blocks_abs_error_tokens,
+                "radix_abs_error_tokens": acc.radix_abs_error_tokens,
+                "prompt_tokens": acc.prompt_tokens,
+                "kv_events_requests": acc.kv_requests,
+                "kv_events_prompt_tokens": acc.kv_prompt_tokens,
+                "kv_events_reported_tokens": acc.kv_reported_tokens,
+                "kv_events_estimate_tokens": acc.kv_estimate_tokens,
+                "kv_events_abs_error_tokens": acc.kv_abs_error_tokens,
+            },
+            "worker_metrics": self.truth.describe(),
+            "kv_events": self.kv_events.describe() if self.kv_events is not None else None,
+            "consecutive_failures": self.consecutive_failures,
+            "last_error": self.last_error,
+        }
+
+
+class _Excluded:
+    """A worker already tried for this request: the picker sees it as unhealthy."""
+
+    __slots__ = ("_state",)
+    healthy = False
+
+    def __init__(self, state: WorkerState) -> None:
+        self._state = state
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
+class WorkerPool:
+    """The workers, in picker order, and the picker that chooses among them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.workers: list[Worker] = []
+        self.states: list[WorkerState] = []
+        self.stats = PoolStats()
+        self.picker = self._new_picker()
+        for url in settings.workers:
+            self.add(url)
+
+    def _new_picker(self):
+        return make_picker(self.settings.policy, **self.settings.picker_params)
+
+    # ---- membership ----------------------------------------------------------------------
+
+    def get(self, url: str) -> Worker | None:
+        url = normalize_url(url)
+        for worker in self.workers:
+            if worker.url == url:
+                return worker
+        return None
+
+    def add(self, url: str, kv_capacity_tokens: int | None = None) -> Worker:
+        """Append a worker (ValueError if the URL is already in the pool)."""
+        url = normalize_url(url)
+        if self.get(url) is not None:
+            raise ValueError(f"worker {url} is already in the pool")
+        s = self.settings
+        tokens = kv_capacity_tokens or s.capacity_for(url)
+        blocks = max(1, tokens // s.block_size)
+        state = WorkerState(
+            name=url,
+            blocks=BlockLRU(blocks, s.block_size),
+            radix=RadixTree(capacity_tokens=tokens, policy=s.radix_eviction),
+            shadow=s.shadow,
+            kv_index=KVIndex() if s.kv_events else None,
+        )
+        worker = Worker(
+            url=url,
+            state=state,
+            upstream=UpstreamPool(url, s.connect_timeout_s),
+            capacity_tokens=tokens,
+            capacity_blocks=blocks,
+        )
+        self.workers.append(worker)
+        self.states.append(state)
+        log.info("worker added: %s (KV %d tokens, %d blocks)", url, tokens, blocks)
+        return worker
+
+    def remove(self, url: str) -> Worker:
+        """Take a worker out (KeyError if unknown); its in-flight requests finish there."""
+        worker = self.get(url)
+        if worker is None:
+            raise KeyError(url)
+        index = self.workers.index(worker)
+        del self.workers[index]
+        del self.states[index]
+        worker.removed = True
+        worker.upstream.close()
+        self.picker = self._new_picker()  # session bindings were indices into the old list
+        log.info("worker removed: %s (%d in flight)", worker.url, worker.state.num_requests)
+        return worker
+
+    def resize(self, worker: Worker, tokens: int) -> None:
+        """Size ``worker``'s shadows to ``tokens`` of KV capacity (its real one, read from its
+        ``/metrics``): both shadows and the bounds of the feedback correction."""
+        s = self.settings
+        blocks = max(1, tokens // s.block_size)
+        worker.capacity_tokens = tokens
+        worker.capacity_blocks = blocks
+        worker.state.blocks.resize(blocks)
+        tree = worker.state.radix
+        if tree is not None:
+            tree.capacity_tokens = tokens
+            if tree.total_tokens > tokens and tree.evictable_tokens:
+                tree.evict(min(tree.evictable_tokens, tree.total_tokens - tokens))
+        log.info("worker %s: shadows sized to its KV capacity, %d tokens", worker.url, tokens)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.upstream.close()
+
+    # ---- health --------------------------------------------------------------------------
+
+    def record_failure(self, worker: Worker, reason: str, request: bool = False) -> None:
+        """One more failure in a row; open the circuit at the threshold.
+
+        ``request``: a real request failed (not a probe); that never takes out the last
+        healthy worker.
+        """
+        worker.consecutive_failures += 1
+        worker.last_error = reason
+        if (
+            worker.state.healthy
+            and worker.consecutive_failures >= self.settings.health_failure_threshold
+        ):
+            if request and not any(w.state.healthy for w in self.workers if w is not worker):
+                return
+            worker.state.healthy = False
+            worker.opened_at = time.monotonic()
+            worker.stats.count(worker.stats.circuit, "open")
+            log.warning("worker %s is out (circuit open): %s", worker.url, reason)
+
+    def record_success(self, worker: Worker) -> None:
+        """A success: the failure count restarts; an open circuit closes after its time."""
+        if worker.state.healthy:
+            worker.consecutive_failures = 0
+            return
+        if worker.removed:
+            return
+        opened = worker.opened_at
+        if opened is not None and time.monotonic() - opened < self.settings.circuit_open_s:
+            return  # still cooling down: a worker answering in bursts stays out a while
+        worker.consecutive_failures = 0
+        worker.state.healthy = True
+        worker.stats.count(worker.stats.circuit, "closed")
+        reset_shadow(worker.state, worker.capacity_blocks, worker.capacity_tokens)
+        if worker.kv_events is not None:  # it may have restarted: resynchronise its events
+            worker.kv_events.feed.reset()
+        log.warning("worker %s is back (circuit closed, shadow reset)", worker.url)
+
+    # ---- picking -------------------------------------------------------------------------
+
+    def pick(self, request: RequestFeatures, exclude: Sequence[Worker] = ()) -> tuple[Worker, Pick]:
+        """The picker's choice among healthy workers not in ``exclude``.
+
+        Raises :class:`~policies.base.NoHealthyWorker` when there is none.
+        """
+        views: Sequence[Any] = self.states
+        if exclude:
+            views = [_Excluded(w.state) if w in exclude else w.state for w in self.workers]
+        choice = self.picker.pick(request, views)
+        return self.workers[choice.worker], choice
+
+    def healthy_workers(self) -> list[Worker]:
+        return [w for w in self.workers if w.state.healthy]
+
+
+__all__ = ["NoHealthyWorker", "Worker", "WorkerPool"]

@@ -1,0 +1,44 @@
+"""Plain counters of the pool and of each worker, bumped on the hot path.
+
+They are plain ints, not Prometheus objects: adding to one costs nothing per request, and
+:mod:`router.proxy.metrics` reads them at scrape time, so ``/workers`` and ``/metrics`` share
+one source of truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerStats:
+    """Plain counters of one worker, bumped on the hot path, read at scrape time."""
+
+    requests: dict[str, int] = field(default_factory=dict)  # status -> count
+    prompt_tokens: int = 0
+    estimated_hit_tokens: int = 0
+    best_hit_tokens: int = 0
+    reported_cached_raw: int = 0  # as the worker counted them (its tokens)
+    upstream_errors: dict[str, int] = field(default_factory=dict)
+    corrections: dict[tuple[str, str], int] = field(default_factory=dict)
+    circuit: dict[str, int] = field(default_factory=dict)  # "open" / "closed" -> transitions
+
+    def count(self, table: dict, key, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
+
+
+@dataclass
+class PoolStats:
+    """Counters that belong to no worker."""
+
+    decisions: dict[str, int] = field(default_factory=dict)
+    retries: dict[str, int] = field(default_factory=dict)
+    unrouted: dict[str, int] = field(default_factory=dict)  # status -> count (worker "none")
+    tokenize: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0  # generation requests being handled (admission control)
+    connections: int = 0  # open client connections
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
+    suspect: int = 0  # failed alike on several workers, nowhere served: not their fault
+
+    def count_rejected(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1

@@ -1,0 +1,30 @@
+"""What the admin API, the dashboard and the server need of the running router.
+
+:class:`~router.proxy.app.RouterApp` is the one implementation; the modules it assembles take
+this narrow view of it instead of importing it back.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from router.config import Settings
+from router.fleet.health import HealthChecker
+from router.fleet.pool import WorkerPool
+from router.proxy.access import Access
+from router.proxy.metrics import RouterMetrics
+
+
+class RouterContext(Protocol):
+    """The running router: its settings, pool, metrics, access rules, health checks, and
+    whether it drains (set on SIGTERM by :mod:`router.proxy.server`)."""
+
+    settings: Settings
+    pool: WorkerPool
+    metrics: RouterMetrics
+    access: Access
+    health_checker: HealthChecker
+    draining: bool
+
+    async def __call__(self, scope, receive, send) -> None:
+        """The ASGI application."""

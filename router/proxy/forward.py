@@ -1,0 +1,501 @@
+"""The hot path: one generation request, from the client's bytes to the worker and back.
+
+A raw ASGI handler (no framework routing, one JSON parse, one tokenization, one hash pass).
+For each request:
+
+1. read the body (``max_body_bytes`` → 413), parse it (→ 400), turn it into features;
+2. pick a worker among the healthy ones not tried yet and **book** it
+   (:meth:`WorkerState.book`: counters up, blocks pinned, radix path locked);
+3. send the original body bytes (only a stream gets ``stream_options.include_usage`` added)
+   and wait for the response headers and the first body bytes. Until a byte has gone to the
+   client, a connect error, a reset or a 5xx is retried on another worker (``max_attempts``);
+   a timeout is a 504, a worker's 4xx passes through as it is;
+4. at the first body byte the booking's pending prefill is released
+   (:meth:`Booking.first_token`); the worker's status and headers (hop-by-hop ones dropped)
+   and then each body piece go to the client as they arrive;
+5. the cached tokens the worker reports are recorded against both shadows' estimates and
+   correct the shadow (:mod:`router.cache.feedback`);
+6. ``Booking.finish`` runs in a ``finally`` around the whole exchange: success, worker error,
+   timeout, client disconnect, cancellation, each releases exactly once.
+
+Client disconnects: after the body is read, a watcher task waits on ASGI ``receive()``;
+``http.disconnect`` before the response is complete cancels the handler, whose ``finally``
+blocks close the upstream socket (the worker aborts the generation) and release the booking.
+
+Admission: at most ``max_inflight`` requests are handled at once (counted from arrival to
+the last byte); one more gets 429 with ``Retry-After`` before its body is read. Client keys
+are checked in constant time (:mod:`router.proxy.access`). Each attempt's outcome feeds the
+worker's circuit (:mod:`router.fleet.pool`): connect errors, resets, timeouts and 5xx answers are
+failures, a worker's non-5xx answer a success. Resets and 5xx answers are held until the
+request's outcome is known: a request that fails alike on two or more workers and nowhere
+succeeds is more likely the request's fault than theirs (a "poison" request), so it counts
+against no circuit (``suspect_requests_total``) and a client cannot take workers out with
+it. An unexpected exception (a bug) answers a JSON 500 if nothing was sent yet, and still
+releases everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+from policies.base import NoHealthyWorker, RequestFeatures
+from router.cache.feedback import correct_shadow, to_router_tokens
+from router.config import Settings
+from router.fleet.pool import Worker, WorkerPool
+from router.fleet.upstream import ConnectFailed, Connection, ConnectionLost, ReadTimeout
+from router.proxy.access import Access
+from router.proxy.errors import (
+    BadGateway,
+    GatewayTimeout,
+    NoHealthyWorkerError,
+    PayloadTooLarge,
+    RouterError,
+    TooManyRequests,
+    Unauthorized,
+    error_body,
+    send_error,
+)
+from router.proxy.metrics import RouterMetrics
+from router.proxy.parse import CHAT, COMPLETION, ParsedRequest, parse_request
+from router.proxy.tokenize import Tokenizer, request_features
+from router.proxy.usage import StreamScanner, Usage, scan_body
+
+log = logging.getLogger("cache_router.forward")
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+MAX_SCANNED_BODY = 4 << 20  # non-streamed bodies longer than this are not scanned for usage
+
+
+class ClientGone(Exception):
+    """The client went away before its request body was complete."""
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One client request's state across attempts."""
+
+    path: bytes
+    endpoint: str
+    start: float
+    request: ParsedRequest
+    features: RequestFeatures
+    headers: bytes  # forwarded header lines
+    body: bytes  # what the worker receives
+    drop_usage_chunk: bool
+    task: asyncio.Task | None = None
+    started: bool = False  # the response status and headers went to the client
+    responded: bool = False  # the last byte went to the client
+    client_gone: bool = False
+    finished: bool = False  # the handler is past its last await
+    tried: list[Worker] = field(default_factory=list)
+    # resets / 5xx before any byte, held until the outcome is known (_settle)
+    failures: list[tuple[Worker, str]] = field(default_factory=list)
+    answered_ok: bool = False  # some worker answered below 500
+
+
+class Forwarder:
+    """The ASGI handler for POST /v1/chat/completions, /v1/completions and /generate."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: WorkerPool,
+        tokenizer: Tokenizer,
+        metrics: RouterMetrics,
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.session_header = settings.session_header.lower().encode()
+        self.access = Access(settings)
+        worker_key = settings.worker_api_key
+        self.worker_auth = (
+            b"authorization: Bearer " + worker_key.get_secret_value().encode() + b"\r\n"
+            if worker_key is not None
+            else None
+        )
+        self.max_inflight = settings.max_inflight
+        self.worker_header = settings.worker_header
+        self.read_timeout = settings.read_timeout_s
+        self.correct = settings.correct_shadow
+
+    # ---- entry ---------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict, receive, send, kind: str) -> None:
+        stats = self.pool.stats
+        if self.max_inflight and stats.in_flight >= self.max_inflight:
+            stats.count_rejected("inflight")
+            self._unrouted("429")
+            await send_error(
+                send, TooManyRequests(f"the router is handling {stats.in_flight} requests")
+            )
+            return
+        stats.in_flight += 1
+        try:
+            await self._handle(scope, receive, send, kind)
+        finally:
+            stats.in_flight -= 1
+
+    async def _handle(self, scope: dict, receive, send, kind: str) -> None:
+        start = time.perf_counter()
+        endpoint = kind
+        try:
+            ex = await self._prepare(scope, receive, kind, start)
+        except ClientGone:
+            self._unrouted("client_disconnect")
+            return
+        except RouterError as error:
+            self._unrouted(str(error.status))
+            await send_error(send, error)
+            self.metrics.duration(endpoint).observe(time.perf_counter() - start)
+            return
+        except Exception:  # a bug: answer JSON, never a bare 500 from the server
+            log.exception("unexpected error preparing %s", scope.get("path"))
+            self._unrouted("500")
+            await send_error(send, RouterError("internal error in the router"))
+            return
+        ex.task = asyncio.current_task()
+        watcher = asyncio.get_running_loop().create_task(self._watch(receive, ex))
+        try:
+            try:
+                await self._proxy(ex, send)
+            except RouterError as error:
+                if not ex.tried:
+                    self._unrouted(str(error.status))
+                await send_error(send, error)
+            except Exception:  # a bug: bookings are released by then (finally blocks)
+                log.exception("unexpected error proxying %s", scope.get("path"))
+                if not ex.started:
+                    await send_error(send, RouterError("internal error in the router"))
+                else:
+                    raise  # the response started: the server closes the connection
+        except asyncio.CancelledError:
+            if not ex.client_gone:
+                raise
+            ex.task.uncancel()  # our own cancellation (client gone): the request is over
+        finally:
+            ex.finished = True  # from here on the watcher must not cancel this task
+            if not watcher.done():
+                watcher.cancel()
+            self.metrics.duration(endpoint).observe(time.perf_counter() - start)
+
+    async def _prepare(self, scope: dict, receive, kind: str, start: float) -> Exchange:
+        """Headers, body, parse, features: everything before a worker is chosen."""
+        session_value = None
+        declared = None
+        auth = None
+        lines: list[bytes] = []
+        not_forwarded = _NOT_FORWARDED
+        for name, value in scope["headers"]:
+            if name == self.session_header:
+                session_value = value.decode("latin-1")
+            if name == b"authorization":
+                auth = value
+                if self.worker_auth is not None:
+                    continue
+            elif name == b"content-length":
+                declared = value
+            if name not in not_forwarded:
+                lines += (name, b": ", value, b"\r\n")
+        if not self.access.client_ok(auth):
+            raise Unauthorized("missing or invalid API key")
+        if self.worker_auth is not None:
+            lines.append(self.worker_auth)
+        limit = self.settings.max_body_bytes
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        raw = await read_body(receive, limit)
+        request = parse_request(kind, raw, session_value)
+        features, _ = await request_features(request, self.tokenizer, self.settings.block_size)
+        body = raw
+        drop = False
+        if (
+            request.stream
+            and kind in (CHAT, COMPLETION)
+            and self.settings.stream_usage
+            and not request.wants_usage
+        ):
+            options = request.body.get("stream_options")
+            options = dict(options) if isinstance(options, dict) else {}
+            options["include_usage"] = True
+            body = orjson.dumps({**request.body, "stream_options": options})
+            drop = True
+        path = scope.get("raw_path") or scope["path"].encode()
+        if scope.get("query_string"):
+            path += b"?" + scope["query_string"]
+        return Exchange(
+            path=path,
+            endpoint=kind,
+            start=start,
+            request=request,
+            features=features,
+            headers=b"".join(lines),
+            body=body,
+            drop_usage_chunk=drop,
+        )
+
+    async def _watch(self, receive, ex: Exchange) -> None:
+        """Cancel the exchange when the client disconnects before the response ends."""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not ex.responded and not ex.finished:
+                    ex.client_gone = True
+                    ex.task.cancel()
+                return
+
+    def _unrouted(self, status: str) -> None:
+        table = self.pool.stats.unrouted
+        table[status] = table.get(status, 0) + 1
+
+    # ---- attempts ------------------------------------------------------------------------
+
+    async def _proxy(self, ex: Exchange, send) -> None:
+        try:
+            await self._attempts(ex, send)
+        finally:
+            self._settle(ex)
+
+    def _settle(self, ex: Exchange) -> None:
+        """Count the held failures against the workers' circuits, unless the request failed
+        alike on several workers and succeeded nowhere (then it is suspect, not them)."""
+        failures = ex.failures
+        if not failures:
+            return
+        ex.failures = []
+        if not ex.answered_ok and len({id(w) for w, _ in failures}) > 1:
+            self.pool.stats.suspect += 1
+            return
+        for worker, reason in failures:
+            self.pool.record_failure(worker, reason, request=True)
+
+    async def _attempts(self, ex: Exchange, send) -> None:
+        attempts = self.settings.max_attempts
+        last_error: RouterError | None = None
+        retries = self.pool.stats.retries
+        for attempt in range(attempts):
+            t0 = time.perf_counter()
+            try:
+                worker, pick = self.pool.pick(ex.features, ex.tried)
+            except NoHealthyWorker:
+                raise last_error or NoHealthyWorkerError("no healthy worker") from None
+            self.metrics.pick.observe(time.perf_counter() - t0)
+            decisions = self.pool.stats.decisions
+            decisions[pick.branch] = decisions.get(pick.branch, 0) + 1
+            if last_error is not None:  # this is a retry, and why
+                retries[last_error.code] = retries.get(last_error.code, 0) + 1
+            ex.tried.append(worker)
+            error = await self._attempt(ex, worker, pick, send, attempt == attempts - 1)
+            if error is None:
+                return
+            last_error = error
+        raise last_error  # type: ignore[misc]
+
+    async def _attempt(
+        self, ex: Exchange, worker: Worker, pick, send, final: bool
+    ) -> RouterError | None:
+        """One try on ``worker``; a RouterError to retry, None when the client was answered."""
+        state, stats = worker.state, worker.stats
+        features = ex.features
+        booking = state.book(features, ex.request.max_tokens)
+        stats.prompt_tokens += features.input_length
+        stats.estimated_hit_tokens += pick.hit_tokens
+        stats.best_hit_tokens += pick.best_hit_tokens
+        conn: Connection | None = None
+        scanner: StreamScanner | None = None
+        status_label = "upstream_lost"
+        try:
+            try:
+                conn = await worker.upstream.request(
+                    b"POST", ex.path, ex.headers, ex.body, self.read_timeout
+                )
+                if ex.client_gone:  # belt and braces: a cancellation lost in a race
+                    raise asyncio.CancelledError
+                if conn.status >= 500 and not final and self._others_left(ex):
+                    stats.count(stats.upstream_errors, "status_5xx")
+                    status_label = str(conn.status)
+                    ex.failures.append((worker, f"HTTP {conn.status}"))
+                    return BadGateway(
+                        f"worker {worker.url} answered {conn.status}", code="worker_5xx"
+                    )
+                data, more = await conn.read(self.read_timeout)
+            except ConnectFailed as exc:
+                stats.count(stats.upstream_errors, "connect")
+                status_label = "connect_error"
+                self.pool.record_failure(worker, str(exc), request=True)
+                return BadGateway(str(exc), code="connect_error")
+            except ConnectionLost as exc:
+                stats.count(stats.upstream_errors, "reset")
+                status_label = "reset"
+                ex.failures.append((worker, str(exc)))
+                return BadGateway(f"worker {worker.url}: {exc}", code="worker_reset")
+            except ReadTimeout:
+                stats.count(stats.upstream_errors, "timeout")
+                status_label = "504"
+                self.pool.record_failure(worker, "read timeout", request=True)
+                raise GatewayTimeout(f"worker {worker.url} sent nothing in time") from None
+
+            # first body bytes (or the whole body): the prefill is done
+            booking.first_token()
+            now = time.perf_counter()
+            self.metrics.ttfb(ex.endpoint).observe(now - ex.start)
+            status = conn.status
+            if status >= 500:  # relayed (no other worker left), but a failure all the same
+                ex.failures.append((worker, f"HTTP {status}"))
+            else:
+                ex.answered_ok = True
+                self._settle(ex)  # the workers that failed before this one count it now
+                if worker.consecutive_failures or not worker.state.healthy:
+                    self.pool.record_success(worker)
+            sse = ex.request.stream and _is_event_stream(conn.headers)
+            scanner = StreamScanner(ex.drop_usage_chunk) if sse else None
+            kept: list[bytes] | None = [] if scanner is None and status < 300 else None
+            headers = self._response_headers(conn.headers, worker, transformed=scanner is not None)
+            if scanner is not None:
+                data = scanner.feed(data)
+                if not more:
+                    data += scanner.flush()
+            elif kept is not None:
+                kept.append(data)
+            status_label = str(status)
+            ex.started = True
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            if not more:
+                ex.responded = True
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+            size = len(data)
+            while more:
+                data, more = await conn.read(self.read_timeout)
+                if ex.client_gone:
+                    raise asyncio.CancelledError
+                if scanner is not None:
+                    data = scanner.feed(data)
+                    if not more:
+                        data += scanner.flush()
+                elif kept is not None:
+                    size += len(data)
+                    if size <= MAX_SCANNED_BODY:
+                        kept.append(data)
+                    else:
+                        kept = None
+                if not more:
+                    ex.responded = True
+                if data or not more:
+                    await send({"type": "http.response.body", "body": data, "more_body": more})
+            conn.release()
+            conn = None
+            usage = scanner.usage if scanner is not None else None
+            if kept:
+                usage = scan_body(kept[0] if len(kept) == 1 else b"".join(kept))
+            if usage is not None:
+                self._report(worker, booking, usage, features.input_length)
+            return None
+        except (ConnectionLost, ReadTimeout) as exc:
+            # after bytes reached the client: never retried, the stream is cut
+            kind = "timeout" if isinstance(exc, ReadTimeout) else "reset"
+            stats.count(stats.upstream_errors, kind)
+            self.pool.record_failure(worker, f"stream cut: {exc}", request=True)
+            log.warning("stream from %s cut: %s", worker.url, exc)
+            status_label = "upstream_lost"
+            if scanner is not None and not ex.client_gone:
+                # an event stream ends with an error event, as vLLM ends a failed stream
+                # (a plain body cannot say it: its connection is closed, short)
+                message = f"worker {worker.url}: stream cut: {exc}"
+                error = error_body(message, "upstream_error", "worker_stream_cut")
+                event = b"data: " + error + b"\n\ndata: [DONE]\n\n"
+                ex.responded = True
+                await send({"type": "http.response.body", "body": event, "more_body": False})
+            return None
+        except asyncio.CancelledError:
+            status_label = "client_disconnect" if ex.client_gone else "cancelled"
+            raise
+        finally:
+            if conn is not None:
+                conn.abort()
+            booking.finish()
+            stats.count(stats.requests, status_label)
+
+    def _others_left(self, ex: Exchange) -> bool:
+        """Whether a healthy worker not tried yet remains (else a 5xx is the answer)."""
+        return any(w.state.healthy and w not in ex.tried for w in self.pool.workers)
+
+    def _report(self, worker: Worker, booking, usage: Usage, input_length: int) -> None:
+        """Record the worker's cached tokens against the estimates; correct the shadow."""
+        worker.stats.reported_cached_raw += usage.cached_tokens
+        reported = to_router_tokens(usage.cached_tokens, usage.prompt_tokens, input_length)
+        booking.report_cached(reported)
+        if self.correct:
+            change = correct_shadow(
+                booking, reported, worker.capacity_blocks, worker.capacity_tokens
+            )
+            stats = worker.stats
+            if change.blocks_delta:
+                direction = "shrink" if change.blocks_delta < 0 else "grow"
+                stats.count(stats.corrections, ("blocks", direction))
+            if change.radix_tokens_delta:
+                direction = "shrink" if change.radix_tokens_delta < 0 else "grow"
+                stats.count(stats.corrections, ("radix", direction))
+
+    def _response_headers(
+        self, upstream: list[tuple[bytes, bytes]], worker: Worker, transformed: bool
+    ) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (name, value)
+            for name, value in upstream
+            if name not in HOP_BY_HOP and not (transformed and name == b"content-length")
+        ]
+        if self.worker_header:
+            headers.append((b"x-cache-router-worker", worker.url.encode()))
+        return headers
+
+
+def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name == b"content-type":
+            return value.startswith(b"text/event-stream")
+    return False
+
+
+async def read_body(receive, limit: int) -> bytes:
+    """The whole request body; 413 past ``limit`` bytes, ClientGone on a disconnect."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        return body
+    parts = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)

@@ -1,0 +1,289 @@
+"""The HTTP server around the router app: uvicorn + httptools, with the router's client limits.
+
+uvicorn's httptools protocol does the HTTP; :func:`make_protocol` subclasses it to add what a
+proxy in front of a GPU fleet needs and uvicorn does not do (with httptools) on its own:
+
+- **header size** (``max_header_bytes``): bytes received while a request's line and headers
+  are incomplete are counted before the parser buffers more; over the limit the client gets
+  431 and the connection closes. (uvicorn's h11 backend has ``h11_max_incomplete_event_size``;
+  llhttp, the httptools parser, has no limit of its own.)
+- **read timeout** (``request_read_timeout_s``): from the moment a connection opens or a
+  request begins until its body is complete; a client that sends its headers or body too
+  slowly (slowloris) gets 408 and the connection closes. Handlers waiting on that body see
+  ``http.disconnect``, so nothing stays booked. Idle keep-alive connections are closed by
+  uvicorn's own ``timeout_keep_alive`` (5 s).
+- **connection count** (``max_connections``): a request that arrives on a connection beyond
+  the limit is answered 503 with ``Retry-After`` and its connection closed (uvicorn's
+  ``limit_concurrency`` answers a text/plain 503 without Retry-After, so it is not used).
+- **malformed HTTP** gets a JSON 400 (the OpenAI error envelope) instead of uvicorn's text.
+
+:class:`Server` marks the app as draining when SIGTERM / SIGINT arrives (new requests on
+kept-alive connections get 503 + ``Connection: close``; ``/health`` answers 503), then
+uvicorn stops accepting, waits for in-flight requests up to ``shutdown_timeout_s``, cancels
+what is left (every booking is released in ``finally`` blocks) and runs the lifespan
+shutdown. :func:`serve` then returns normally, so the process exits 0 (uvicorn re-raises the
+signal after a graceful shutdown, which would make the exit status 143 / -15).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from router.config import Settings
+from router.proxy.context import RouterContext
+from router.proxy.errors import error_body
+
+log = logging.getLogger("cache_router.server")
+
+RETRY_AFTER_S = 1
+OVERLOADED_SCOPE_KEY = "cache_router.over_connection_limit"
+
+
+def _response(status: int, reason: bytes, message: str, type_: str, code: str) -> bytes:
+    body = error_body(message, type_, code)
+    extra = b"retry-after: %d\r\n" % RETRY_AFTER_S if status in (429, 503) else b""
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"%sconnection: close\r\n\r\n%s" % (status, reason, len(body), extra, body)
+    )
+
+
+HEADERS_TOO_LARGE = 431, b"Request Header Fields Too Large", "header_too_large"
+READ_TIMEOUT = 408, b"Request Timeout", "read_timeout"
+MALFORMED = 400, b"Bad Request", "malformed_http"
+
+
+def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with ``app``'s client limits (see the module doc)."""
+    settings = app.settings
+    max_head = settings.max_header_bytes
+    read_timeout = settings.request_read_timeout_s
+    max_connections = settings.max_connections
+    stats = app.pool.stats
+    messages = {
+        "header_too_large": f"request line and headers exceed {max_head} bytes",
+        "read_timeout": f"request not received within {read_timeout:g} s",
+        "malformed_http": "invalid HTTP request",
+    }
+
+    class RouterProtocol(HttpToolsProtocol):
+        """One client connection (uvicorn's protocol plus the limits above)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._awaiting_head = True  # a request line / headers are (or may be) on the way
+            self._head_bytes = 0  # bytes received while awaiting a head
+            self._boundaries = 0  # heads / messages completed in the current data_received
+            self._head_size = 0  # request line and headers of the current request, parsed
+            self._timer: asyncio.TimerHandle | None = None
+            self._rejected = False
+            self._over_limit = False
+            self._counted = False
+            # uvicorn points self.cycle at the newest request; with pipelining the one whose
+            # handler runs may be older, and it must learn of a lost connection too (else
+            # its next write hits a closed transport: uvloop raises)
+            self._running: Any = None
+
+        # ---- connection --------------------------------------------------------------
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            stats.connections += 1
+            self._counted = True
+            self._over_limit = bool(max_connections) and len(self.connections) > max_connections
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            if self._counted:
+                self._counted = False
+                stats.connections -= 1
+            self._disconnect_running()
+            super().connection_lost(exc)
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            self._running = cycle
+            super()._start_asgi_task(cycle, app)
+
+        def _disconnect_running(self) -> None:
+            running = self._running
+            if running is not None and not running.response_complete:
+                running.disconnected = True
+                running.message_event.set()
+
+        def data_received(self, data: bytes) -> None:
+            if self._rejected:
+                return
+            self._boundaries = 0
+            super().data_received(data)
+            if self._awaiting_head and not self._boundaries and not self._rejected:
+                # no head or message ended in this chunk: it is all (part of) a head the
+                # parser holds
+                self._head_bytes += len(data)
+                if self._head_bytes > max_head:
+                    self._reject(*HEADERS_TOO_LARGE)
+
+        def send_400_response(self, msg: str) -> None:
+            self._reject(*MALFORMED)
+
+        # ---- parser callbacks --------------------------------------------------------
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._awaiting_head = True
+            self._head_size = 0
+            if self._timer is None:
+                self._arm()
+
+        def on_url(self, url: bytes) -> None:
+            if not self._rejected:
+                self._head_size += len(url)
+                super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if not self._rejected:
+                self._head_size += len(name) + len(value) + 4
+                super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            if self._rejected:
+                return
+            if self._head_size > max_head:  # a head that arrived whole in one chunk
+                self._reject(*HEADERS_TOO_LARGE)
+                return
+            self._awaiting_head = False
+            self._head_bytes = 0
+            self._boundaries += 1
+            if self._over_limit:
+                self.scope[OVERLOADED_SCOPE_KEY] = True  # type: ignore[literal-required]
+            super().on_headers_complete()
+            if self.pipeline:  # queued behind a running request: read later, not timed
+                self._disarm()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._rejected:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            self._boundaries += 1
+            self._disarm()
+            self._awaiting_head = True
+            self._head_bytes = 0
+            if not self._rejected:
+                super().on_message_complete()
+
+        # ---- limits ------------------------------------------------------------------
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(read_timeout, self._read_timed_out)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _read_timed_out(self) -> None:
+            self._timer = None
+            self._reject(*READ_TIMEOUT)
+
+        def _reject(self, status: int, reason: bytes, code: str) -> None:
+            """Answer ``status`` (JSON) and close; nothing more is read on this connection.
+
+            A request of this connection still being handled sees ``http.disconnect`` (its
+            handler releases what it holds); if its response had started, the connection
+            is only closed (an error body cannot follow a started response).
+            """
+            if self._rejected:
+                return
+            self._rejected = True
+            self._disarm()
+            stats.count_rejected(code)
+            transport = self.transport
+            if transport is None or transport.is_closing():
+                return
+            running = self._running
+            if running is not None and running is not self.cycle and not running.response_complete:
+                # an older (pipelined) request is still being answered: no error response
+                # can go ahead of it, so both learn of the end and the connection closes
+                self._disconnect_running()
+                if self.cycle is not None:
+                    self.cycle.disconnected = True
+                    self.cycle.message_event.set()
+                transport.close()
+                return
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+                if cycle.response_started:
+                    transport.close()
+                    return
+            type_ = "invalid_request_error"
+            transport.write(_response(status, reason, messages[code], type_, code))
+            transport.close()
+
+    return RouterProtocol
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server that tells the app it is draining as soon as a signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, app: RouterContext) -> None:
+        super().__init__(config)
+        self.router_app = app
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if not self.router_app.draining:
+            self.router_app.draining = True
+            log.warning(
+                "signal %d: draining (%d in flight, up to %g s)",
+                sig,
+                self.router_app.pool.stats.in_flight,
+                self.config.timeout_graceful_shutdown or 0,
+            )
+        super().handle_exit(sig, frame)
+
+
+def build_config(app: RouterContext, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """The uvicorn configuration for ``app`` (``overrides``: host, port, log_level, ...)."""
+    values: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "http": make_protocol(app),
+        "lifespan": "on",
+        "log_level": settings.log_level.lower(),
+        "access_log": settings.access_log,
+        "server_header": False,  # the worker's own Server / Date headers pass through
+        "proxy_headers": False,  # no X-Forwarded-* rewriting: the proxy reads none of it
+        "date_header": False,
+        "backlog": 4096,
+        "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+    }
+    values.update(overrides)
+    return uvicorn.Config(app, **values)
+
+
+def serve(app: RouterContext, config: uvicorn.Config) -> None:
+    """Run until SIGTERM / SIGINT, drain, and return (so the process exits 0).
+
+    uvicorn restores the signal handlers it found and then re-raises the signal it caught;
+    with Python-level no-op handlers installed first, that re-raise lands here instead of
+    killing the process with the signal's default action.
+    """
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        Server(config, app).run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _ignore(sig: int, frame: Any) -> None:
+    """A signal that arrives after the drain finished: the process is exiting anyway."""

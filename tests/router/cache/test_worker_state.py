@@ -1,0 +1,56 @@
+import pytest
+
+from policies.base import RequestFeatures
+from router.cache.block_hash import hash_blocks, token_bytes
+from router.cache.block_lru import BlockLRU
+from router.cache.radix_tree import RadixTree
+from router.cache.worker_state import WorkerState
+
+
+def make_worker(shadow: str = "blocks") -> WorkerState:
+    return WorkerState("w0", BlockLRU(100, 4), RadixTree(capacity_tokens=400), shadow=shadow)
+
+
+def request(tokens: list[int], session: str | None = None) -> RequestFeatures:
+    buf = token_bytes(tokens)
+    return RequestFeatures(hash_blocks(buf, 4), len(tokens), session, buf, block_size=4)
+
+
+def test_booking_follows_seed_002_state_machine_and_releases_once():
+    w = make_worker()
+    warm = request(list(range(10)))
+    w.book(warm).finish()  # caches blocks [0..3], [4..7]
+    booking = w.book(request([*range(10), 99, 98]), expected_output_tokens=7)
+    assert w.num_requests == 1
+    assert w.pending_prefill_tokens == 12 - 8  # two cached blocks of 4
+    assert w.ongoing_decode_tokens == 7
+    assert w.blocks.pinned_blocks == 3 and w.radix.protected_tokens == 12
+    booking.first_token()
+    booking.first_token()
+    assert w.pending_prefill_tokens == 0 and w.num_requests == 1
+    assert booking.finish() is True
+    assert booking.finish() is False  # every exit path may call finish()
+    assert (w.num_requests, w.pending_prefill_tokens, w.ongoing_decode_tokens) == (0, 0, 0)
+    assert w.blocks.pinned_blocks == 0 and w.radix.protected_tokens == 0
+
+
+def test_shadow_choice_decides_the_estimate_and_both_are_scored():
+    blocks_w, radix_w = make_worker("blocks"), make_worker("radix")
+    for w in (blocks_w, radix_w):
+        w.book(request([1, 2, 3, 4, 5, 6])).finish()
+    probe = request([1, 2, 3, 4, 5, 6, 7, 8])
+    assert blocks_w.estimate_cache_hit(probe.blocks, probe.tokens) == 4  # whole blocks only
+    assert radix_w.estimate_cache_hit(probe.blocks, probe.tokens) == 6  # token granular
+    booking = radix_w.book(probe)
+    assert radix_w.pending_prefill_tokens == 2
+    booking.report_cached(4)
+    booking.report_cached(0)  # only the first report counts
+    acc = radix_w.accuracy
+    assert (acc.requests, acc.reported_tokens) == (1, 4)
+    assert acc.blocks_abs_error_tokens == 0 and acc.radix_abs_error_tokens == 2
+    booking.finish()
+
+
+def test_unknown_shadow_is_rejected():
+    with pytest.raises(ValueError):
+        WorkerState("w", BlockLRU(1), shadow="bloom")
