@@ -55,11 +55,7 @@ class LMetricPicker:
             hit = hits[i]
             if hit == UNHEALTHY:
                 continue
-            new_prefill = input_length - hit
-            if new_prefill < 0:
-                new_prefill = 0
-            batch = worker.num_requests
-            key = ((worker.pending_prefill_tokens + new_prefill) * batch, new_prefill, batch)
+            key = score_key(input_length, worker, hit)
             if best_key is None or key < best_key:
                 best_key = key
                 tied = [i]
@@ -68,6 +64,13 @@ class LMetricPicker:
         if len(tied) == 1:
             return tied[0], "score"
         return self._rr.choose(tied), "tie_rr"
+
+
+def score_key(input_length: int, worker: WorkerView, hit: int) -> tuple[int, int, int]:
+    """``(score, new_prefill, num_requests)``: the seed's score, then the multikey tie-break."""
+    new_prefill = max(input_length - hit, 0)
+    batch = worker.num_requests
+    return (worker.pending_prefill_tokens + new_prefill) * batch, new_prefill, batch
 
 
 def _select_first(
@@ -79,10 +82,7 @@ def _select_first(
         hit = hits[i]
         if hit == UNHEALTHY:
             continue
-        new_prefill = input_length - hit
-        if new_prefill < 0:
-            new_prefill = 0
-        score = (worker.pending_prefill_tokens + new_prefill) * worker.num_requests
+        score = score_key(input_length, worker, hit)[0]
         if best < 0 or score < best_score:
             best, best_score, ties = i, score, 1
         elif score == best_score:

@@ -8,25 +8,19 @@ Branch: ``power_of_two``.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from policies.base import Pick, RequestFeatures, WorkerView
-from policies.hits import UNHEALTHY, estimate_hits
+from policies.random_choice import SeededPicker
 
 
-class PowerOfTwoPicker:
+class PowerOfTwoPicker(SeededPicker):
     """The less loaded of two random healthy workers."""
 
     name = "power_of_two"
 
-    def __init__(self, *, seed: int | None = 0) -> None:
-        self.seed = seed
-        self._rng = random.Random(seed)
-
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
-        hits, best_hit = estimate_hits(request, workers)
-        healthy = [i for i, hit in enumerate(hits) if hit != UNHEALTHY]
+        healthy, hits, best_hit = self.healthy(request, workers)
         if len(healthy) == 1:
             chosen = healthy[0]
         else:

@@ -13,17 +13,28 @@ from policies.base import Pick, RequestFeatures, WorkerView
 from policies.hits import UNHEALTHY, estimate_hits
 
 
-class RandomPicker:
-    """Uniform choice among healthy workers."""
-
-    name = "random"
+class SeededPicker:
+    """A picker that draws from a generator of its own, seeded for reproducible runs."""
 
     def __init__(self, *, seed: int | None = 0) -> None:
         self.seed = seed
         self._rng = random.Random(seed)
 
-    def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
+    @staticmethod
+    def healthy(
+        request: RequestFeatures, workers: Sequence[WorkerView]
+    ) -> tuple[list[int], list[int], int]:
+        """(healthy worker indices, every worker's hit, the best hit) for ``request``."""
         hits, best_hit = estimate_hits(request, workers)
-        healthy = [i for i, hit in enumerate(hits) if hit != UNHEALTHY]
+        return [i for i, hit in enumerate(hits) if hit != UNHEALTHY], hits, best_hit
+
+
+class RandomPicker(SeededPicker):
+    """Uniform choice among healthy workers."""
+
+    name = "random"
+
+    def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
+        healthy, hits, best_hit = self.healthy(request, workers)
         chosen = healthy[self._rng.randrange(len(healthy))]
         return Pick(chosen, "random", hits[chosen], best_hit)

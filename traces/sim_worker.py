@@ -47,7 +47,7 @@ from traces.sim_worker_api import (
     parse_tokenize,
 )
 from traces.sim_worker_engine import Handle, RealTimeWorker, VllmCollector, WorkerUnavailable
-from traces.worker_model import WorkerModelConfig
+from traces.worker_model import WorkerModelConfig, add_model_options, model_config_from_args
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class _Service:
         try:
             handle = self.worker.submit(prompt.blocks, prompt.input_length, gen.max_tokens)
         except WorkerUnavailable as exc:
-            raise ApiError(f"worker unavailable: {exc}", 503, "ServiceUnavailableError") from None
+            raise _unavailable(exc) from None
         prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "generate": ""}[gen.kind]
         rid = f"{prefix}{self._rng.getrandbits(64):016x}"
         if gen.stream:
@@ -131,7 +131,7 @@ class _Service:
         try:
             await handle.done
         except WorkerUnavailable as exc:
-            raise ApiError(f"worker unavailable: {exc}", 503, "ServiceUnavailableError") from None
+            raise _unavailable(exc) from None
         latency = self.worker.clock() - handle.submitted
         text = "".join(output_tokens(gen.max_tokens))
         return JSONResponse(self._reply(gen, handle, rid).full(text, latency))
@@ -215,6 +215,10 @@ class _Service:
         return Response(status_code=200)
 
 
+def _unavailable(exc: WorkerUnavailable) -> ApiError:
+    return ApiError(f"worker unavailable: {exc}", 503, "ServiceUnavailableError")
+
+
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
@@ -271,36 +275,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=8000, help="port to bind")
-    p.add_argument(
-        "--kv-capacity-tokens",
-        type=int,
-        default=d.kv_capacity_tokens,
-        help="KV cache size in tokens (whole 512-token blocks)",
-    )
-    p.add_argument(
-        "--prefill-tokens-per-s",
-        type=float,
-        default=d.prefill_tokens_per_s,
-        help="prefill throughput for uncached prompt tokens",
-    )
-    p.add_argument(
-        "--step-overhead-ms",
-        type=float,
-        default=d.step_overhead_s * 1000,
-        help="fixed cost of one engine step",
-    )
-    p.add_argument(
-        "--decode-ms-per-seq",
-        type=float,
-        default=d.decode_s_per_seq * 1000,
-        help="added step cost per running sequence",
-    )
-    p.add_argument(
-        "--chunk-tokens",
-        type=int,
-        default=d.chunk_tokens,
-        help="prefill tokens per step (chunked prefill)",
-    )
+    add_model_options(p, "KV cache size in tokens (whole 512-token blocks)")
     p.add_argument(
         "--max-running", type=int, default=d.max_running, help="running batch size limit"
     )
@@ -334,14 +309,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
-    model = WorkerModelConfig(
-        kv_capacity_tokens=args.kv_capacity_tokens,
-        chunk_tokens=args.chunk_tokens,
-        prefill_tokens_per_s=args.prefill_tokens_per_s,
-        step_overhead_s=args.step_overhead_ms / 1000,
-        decode_s_per_seq=args.decode_ms_per_seq / 1000,
-        max_running=args.max_running,
-        eviction_policy=args.eviction_policy,
+    model = model_config_from_args(
+        args, max_running=args.max_running, eviction_policy=args.eviction_policy
     )
     return SimWorkerConfig(model, args.model_name, args.time_scale, args.seed, args.max_model_len)
 

@@ -21,7 +21,7 @@ from traces.record import TraceRequest
 from traces.report import markdown_table, results_document, write_plots, write_results
 from traces.simulator import PolicyRun, SimConfig, simulate
 from traces.stats import hit_ceiling
-from traces.worker_model import WorkerModelConfig
+from traces.worker_model import add_model_options, model_config_from_args
 
 DEFAULT_POLICIES = "lmetric,load_only,sticky,unified,capped"
 
@@ -90,20 +90,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_simulation_options(p: argparse.ArgumentParser) -> None:
     """Options shared by ``simulate`` and ``demo``."""
-    defaults = WorkerModelConfig()
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated picker names")
     p.add_argument("--workers", type=int, default=8, help="simulated workers")
     p.add_argument("--shadow", choices=SHADOW_KINDS, default="blocks", help="router shadow")
-    p.add_argument(
-        "--kv-capacity-tokens",
-        type=int,
-        default=defaults.kv_capacity_tokens,
-        help="each worker's KV cache in tokens (the shadows get the same)",
-    )
-    p.add_argument("--prefill-tokens-per-s", type=float, default=defaults.prefill_tokens_per_s)
-    p.add_argument("--step-overhead-ms", type=float, default=defaults.step_overhead_s * 1000)
-    p.add_argument("--decode-ms-per-seq", type=float, default=defaults.decode_s_per_seq * 1000)
-    p.add_argument("--chunk-tokens", type=int, default=defaults.chunk_tokens)
+    add_model_options(p, "each worker's KV cache in tokens (the shadows get the same)")
     p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
     p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
     p.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
@@ -114,13 +104,7 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     if args.workers < 1 or args.speedup <= 0 or args.kv_capacity_tokens < 512:
         raise ValueError("need --workers >= 1, --speedup > 0, --kv-capacity-tokens >= 512")
-    worker = WorkerModelConfig(
-        kv_capacity_tokens=args.kv_capacity_tokens,
-        prefill_tokens_per_s=args.prefill_tokens_per_s,
-        step_overhead_s=args.step_overhead_ms / 1000,
-        decode_s_per_seq=args.decode_ms_per_seq / 1000,
-        chunk_tokens=args.chunk_tokens,
-    )
+    worker = model_config_from_args(args)
     return SimConfig(workers=args.workers, worker=worker, shadow=args.shadow, speedup=args.speedup)
 
 

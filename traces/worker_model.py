@@ -31,11 +31,13 @@ per request, not one per decode step.
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from router.cache.block_hash import keys_as_tokens
 from router.cache.radix_tree import RadixTree, TreeNode
@@ -62,6 +64,48 @@ class WorkerModelConfig:
 
     def decode_step_s(self, batch: int) -> float:
         return self.step_overhead_s + self.decode_s_per_seq * batch
+
+
+def add_model_options(p: argparse.ArgumentParser, kv_help: str) -> None:
+    """The worker model's flags, shared by ``simulate`` (and ``demo``) and ``sim-worker``."""
+    d = WorkerModelConfig()
+    p.add_argument("--kv-capacity-tokens", type=int, default=d.kv_capacity_tokens, help=kv_help)
+    p.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=d.prefill_tokens_per_s,
+        help="prefill throughput for uncached prompt tokens",
+    )
+    p.add_argument(
+        "--step-overhead-ms",
+        type=float,
+        default=d.step_overhead_s * 1000,
+        help="fixed cost of one engine step",
+    )
+    p.add_argument(
+        "--decode-ms-per-seq",
+        type=float,
+        default=d.decode_s_per_seq * 1000,
+        help="added step cost per running sequence",
+    )
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=d.chunk_tokens,
+        help="prefill tokens per step (chunked prefill)",
+    )
+
+
+def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
+    """The :class:`WorkerModelConfig` of :func:`add_model_options`' flags (and ``more``)."""
+    return WorkerModelConfig(
+        kv_capacity_tokens=args.kv_capacity_tokens,
+        chunk_tokens=args.chunk_tokens,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        step_overhead_s=args.step_overhead_ms / 1000,
+        decode_s_per_seq=args.decode_ms_per_seq / 1000,
+        **more,
+    )
 
 
 @dataclass(eq=False)

@@ -27,7 +27,14 @@ from starlette.exceptions import HTTPException
 from router.fleet.upstream import UpstreamError
 from router.proxy.access import Need, Verdict
 from router.proxy.context import RouterContext
-from router.proxy.errors import BadRequest, NotFound, RouterError, Unauthorized, error_body
+from router.proxy.errors import (
+    BadRequest,
+    NoHealthyWorkerError,
+    NotFound,
+    RouterError,
+    Unauthorized,
+    error_body,
+)
 
 MODELS_TIMEOUT_S = 5.0
 log = logging.getLogger("cache_router.admin")
@@ -160,13 +167,7 @@ def build_admin(app: RouterContext) -> FastAPI:
             for model in items:
                 merged.setdefault(str(model.get("id")), model)
         if not answered:
-            return _error(_NoModels("no worker answered /v1/models"))
+            return _error(NoHealthyWorkerError("no worker answered /v1/models"))
         return _json({"object": "list", "data": list(merged.values())})
 
     return api
-
-
-class _NoModels(RouterError):
-    status = 503
-    type = "service_unavailable"
-    code = "no_healthy_worker"

@@ -17,6 +17,11 @@ class RouterError(Exception):
     type = "internal_error"
     code = "internal_error"
 
+    def __init_subclass__(cls, *, status: int, error_type: str, code: str, **kw) -> None:
+        """Each subclass states its answer in its header: status, OpenAI ``type`` and code."""
+        super().__init_subclass__(**kw)
+        cls.status, cls.type, cls.code = status, error_type, code
+
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -27,82 +32,56 @@ class RouterError(Exception):
         return error_body(self.message, self.type, self.code)
 
 
-class BadRequest(RouterError):
+class BadRequest(
+    RouterError, status=400, error_type="invalid_request_error", code="invalid_request"
+):
     """Malformed JSON, a missing or mistyped field."""
 
-    status = 400
-    type = "invalid_request_error"
-    code = "invalid_request"
 
-
-class Unauthorized(RouterError):
+class Unauthorized(
+    RouterError, status=401, error_type="authentication_error", code="invalid_api_key"
+):
     """Missing or wrong API / admin key."""
 
-    status = 401
-    type = "authentication_error"
-    code = "invalid_api_key"
 
-
-class Forbidden(RouterError):
+class Forbidden(RouterError, status=403, error_type="permission_error", code="forbidden"):
     """The action is switched off (admin changes without an admin key configured)."""
 
-    status = 403
-    type = "permission_error"
-    code = "forbidden"
+
+class NotFound(RouterError, status=404, error_type="invalid_request_error", code="not_found"):
+    """An unknown path, or a worker that is not in the pool."""
 
 
-class NotFound(RouterError):
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
-
-
-class PayloadTooLarge(RouterError):
+class PayloadTooLarge(
+    RouterError, status=413, error_type="invalid_request_error", code="request_too_large"
+):
     """The request body exceeds ``max_body_bytes``."""
 
-    status = 413
-    type = "invalid_request_error"
-    code = "request_too_large"
 
-
-class TooManyRequests(RouterError):
+class TooManyRequests(
+    RouterError, status=429, error_type="rate_limit_error", code="router_overloaded"
+):
     """Admission control: ``max_inflight`` requests are being handled (Retry-After)."""
 
-    status = 429
-    type = "rate_limit_error"
-    code = "router_overloaded"
 
-
-class ServiceUnavailable(RouterError):
+class ServiceUnavailable(
+    RouterError, status=503, error_type="service_unavailable", code="unavailable"
+):
     """The router cannot take this request now: draining, or over its connection limit."""
 
-    status = 503
-    type = "service_unavailable"
-    code = "unavailable"
 
-
-class BadGateway(RouterError):
+class BadGateway(RouterError, status=502, error_type="upstream_error", code="upstream_unavailable"):
     """Every attempted worker failed before answering (connect error, reset)."""
 
-    status = 502
-    type = "upstream_error"
-    code = "upstream_unavailable"
 
-
-class NoHealthyWorkerError(RouterError):
+class NoHealthyWorkerError(
+    RouterError, status=503, error_type="service_unavailable", code="no_healthy_worker"
+):
     """No worker is healthy (or none is configured)."""
 
-    status = 503
-    type = "service_unavailable"
-    code = "no_healthy_worker"
 
-
-class GatewayTimeout(RouterError):
+class GatewayTimeout(RouterError, status=504, error_type="upstream_error", code="upstream_timeout"):
     """The worker sent nothing within ``read_timeout_s``."""
-
-    status = 504
-    type = "upstream_error"
-    code = "upstream_timeout"
 
 
 def error_body(message: str, type_: str, code: str) -> bytes:
