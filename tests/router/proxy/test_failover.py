@@ -30,8 +30,13 @@ async def test_killed_worker_fails_over_and_comes_back(fake_workers, router_serv
     streaming = asyncio.ensure_future(batch(20))  # will be mid-stream at the kill
     await asyncio.sleep(0.6)
     waiting = asyncio.ensure_future(batch(20))  # still in the worker's 0.4 s "prefill"
-    await asyncio.sleep(0.15)
-    assert w0.in_flight >= 15  # both batches are spread over both workers
+    # both batches are spread over both workers: wait (briefly, bounded) until the second one
+    # has reached w0, well inside its 0.4 s "prefill" and the first one's 0.8 s of streaming
+    for _ in range(30):
+        if w0.in_flight >= 15:
+            break
+        await asyncio.sleep(0.01)
+    assert w0.in_flight >= 15
     w0.kill()
     streamed, waited = await streaming, await waiting
 
