@@ -32,6 +32,7 @@ from typing import Any
 
 from policies.base import NoHealthyWorker, Pick, RequestFeatures
 from policies.registry import make_picker
+from policies.workload import PrefillRate
 from router.block_lru import BlockLRU
 from router.config import Settings, normalize_url
 from router.feedback import reset_shadow
@@ -159,6 +160,7 @@ class WorkerPool:
             radix=RadixTree(capacity_tokens=tokens, policy=s.radix_eviction),
             shadow=s.shadow,
             kv_index=KVIndex() if s.kv_events else None,
+            rate=PrefillRate(s.prefill_tokens_per_s),
         )
         worker = Worker(
             url=url,
