@@ -76,8 +76,8 @@ class TTFTPicker:
     ) -> None:
         if prefill_tokens_per_s <= 0 or chunk_tokens <= 0:
             raise ValueError("prefill_tokens_per_s and chunk_tokens must be positive")
-        if affinity_margin < 0 or affinity_slack_s < 0 or eviction_weight < 0:
-            raise ValueError("affinity_margin, affinity_slack_s, eviction_weight must be >= 0")
+        if min(affinity_margin, affinity_slack_s, eviction_weight, share_weight, share_tau_s) < 0:
+            raise ValueError("margins, weights and share_tau_s must be >= 0")
         self.affinity_margin = affinity_margin
         self.affinity_slack_s = affinity_slack_s
         self.eviction_weight = eviction_weight
@@ -143,8 +143,11 @@ class TTFTPicker:
             n = worker.num_requests
             cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
             if share:
-                queue = worker.pending_prefill_tokens / rate
-                cost += share * uncached / rate * n * queue / (queue + tau)
+                extra = share * uncached / rate * n
+                if tau:
+                    queue = worker.pending_prefill_tokens / rate
+                    extra *= queue / (queue + tau)
+                cost += extra
             if weight and uncached:
                 footprint = getattr(worker, "footprint", None)
                 if footprint is not None:
