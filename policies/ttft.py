@@ -53,6 +53,7 @@ SHARE_WEIGHT = 1.0
 SHARE_TAU_S = 1.0
 CHUNK_TOKENS = 8192
 SEQ_S = 0.00015
+INF = float("inf")
 
 
 class TTFTPicker:
@@ -97,15 +98,15 @@ class TTFTPicker:
         bound = self.sessions.get(session) if session is not None else None
         if bound is not None and (bound >= len(workers) or hits[bound] == UNHEALTHY):
             bound = None
-        best = min(c for c in costs if c is not None)
+        best = min(costs)  # unhealthy workers cost inf; at least one is healthy
         if bound is not None:
             bound_cost = costs[bound]
             if bound_cost <= best * (1.0 + self.affinity_margin) + self.affinity_slack_s:
                 return Pick(bound, "affinity_stick", hits[bound], best_hit)
-        tied = [i for i, c in enumerate(costs) if c == best]
-        if len(tied) == 1:
-            chosen, branch = tied[0], "cost"
+        if costs.count(best) == 1:
+            chosen, branch = costs.index(best), "cost"
         else:
+            tied = [i for i, c in enumerate(costs) if c == best]
             chosen, branch = self._rr.choose(tied), "tie_rr"
         if bound is not None:
             branch = "affinity_moved"
@@ -115,8 +116,8 @@ class TTFTPicker:
 
     def costs(
         self, request: RequestFeatures, workers: Sequence[WorkerView], hits: Sequence[int]
-    ) -> list[float | None]:
-        """Predicted seconds per worker (None for unhealthy ones); see the module docstring."""
+    ) -> list[float]:
+        """Predicted seconds per worker (inf for unhealthy ones); see the module docstring."""
         length = request.input_length
         session = request.session_id
         default_rate = self.prefill_tokens_per_s
@@ -124,35 +125,35 @@ class TTFTPicker:
         weight = self.eviction_weight
         share = self.share_weight
         tau = self.share_tau_s
-        now = 0.0
-        if weight:
-            for worker in workers:
-                footprint = getattr(worker, "footprint", None)
-                if footprint is not None and footprint.clock > now:
-                    now = footprint.clock
-        costs: list[float | None] = []
+        first = workers[0] if workers else None
+        learned = getattr(first, "rate", None) is not None  # views of one kind: check once
+        tracked = weight and getattr(first, "footprint", None) is not None
+        now = -1.0  # the latest booking anywhere: found when a worker first needs it
+        costs: list[float] = []
         for i, worker in enumerate(workers):
             hit = hits[i]
             if hit == UNHEALTHY:
-                costs.append(None)
+                costs.append(INF)
                 continue
             uncached = length - hit if length > hit else 0
-            learned = getattr(worker, "rate", None)
-            rate = learned.tokens_per_s if learned is not None else default_rate
-            work = worker.pending_prefill_tokens + uncached
+            rate = worker.rate.tokens_per_s if learned else default_rate
+            pending = worker.pending_prefill_tokens
+            work = pending + uncached
             n = worker.num_requests
             cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
-            if share:
+            if share and uncached and n:
                 extra = share * uncached / rate * n
                 if tau:
-                    queue = worker.pending_prefill_tokens / rate
+                    queue = pending / rate
                     extra *= queue / (queue + tau)
                 cost += extra
-            if weight and uncached:
-                footprint = getattr(worker, "footprint", None)
-                if footprint is not None:
-                    warm = footprint.expire(now) - footprint.tokens_of(session)
-                    over = warm + length - worker.kv_capacity_tokens
+            if tracked and uncached:
+                footprint = worker.footprint
+                capacity = worker.kv_capacity_tokens
+                if footprint.warm_tokens + length > capacity:  # an upper bound: check closer
+                    if now < 0:
+                        now = max(w.footprint.clock for w in workers)
+                    over = footprint.others_tokens(session, now) + length - capacity
                     if over > 0:
                         cost += weight * (uncached if uncached < over else over) / rate
             costs.append(cost)

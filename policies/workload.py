@@ -77,13 +77,14 @@ class PrefillRate:
 class SessionFootprint:
     """Sessions warm on one worker: tokens each holds there, summed over a time horizon."""
 
-    __slots__ = ("_sessions", "clock", "horizon_s", "warm_tokens")
+    __slots__ = ("_head_seen", "_sessions", "clock", "horizon_s", "warm_tokens")
 
     def __init__(self, horizon_s: float = FOOTPRINT_HORIZON_S) -> None:
         self.horizon_s = horizon_s
         self._sessions: OrderedDict[str, tuple[int, float]] = OrderedDict()  # oldest first
         self.warm_tokens = 0
         self.clock = 0.0  # time of the latest booking
+        self._head_seen = float("inf")  # when the oldest session was seen (inf: none)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -95,6 +96,15 @@ class SessionFootprint:
         entry = self._sessions.get(session_id)
         return entry[0] if entry is not None else 0
 
+    def others_tokens(self, session_id: str | None, now: float) -> int:
+        """Warm tokens at ``now`` of the sessions other than ``session_id`` (one call per pick)."""
+        warm = self.expire(now)
+        if session_id is not None:
+            entry = self._sessions.get(session_id)
+            if entry is not None:
+                warm -= entry[0]
+        return warm
+
     def touch(self, session_id: str, tokens: int, now: float) -> None:
         """``session_id`` was booked here at ``now`` and will hold ``tokens`` of KV."""
         if now > self.clock:
@@ -105,16 +115,22 @@ class SessionFootprint:
             self.warm_tokens -= old[0]
         sessions[session_id] = (tokens, self.clock)
         self.warm_tokens += tokens
+        self._head_seen = next(iter(sessions.values()))[1]
         self.expire(self.clock)
 
     def expire(self, now: float) -> int:
         """Forget sessions last seen before ``now - horizon_s``; the warm tokens left."""
-        sessions = self._sessions
         limit = now - self.horizon_s
+        if self._head_seen >= limit:  # the usual case: nothing to forget, O(1)
+            return self.warm_tokens
+        sessions = self._sessions
         while sessions:
             session_id, (tokens, seen) = next(iter(sessions.items()))
             if seen >= limit:
+                self._head_seen = seen
                 break
             del sessions[session_id]
             self.warm_tokens -= tokens
+        else:
+            self._head_seen = float("inf")
         return self.warm_tokens
