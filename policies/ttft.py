@@ -8,7 +8,8 @@ worker ``i`` in seconds:
     work_i  = pending_prefill_i + uncached_i          (uncached = input - estimated hit)
     ttft_i  = work_i / rate_i + (work_i / chunk_tokens + 1) * (step_s + seq_s * num_requests_i)
     evict_i = min(uncached_i, warm_i + input - kv_capacity_i)+  / rate_i * eviction_weight
-    cost_i  = ttft_i + evict_i
+    share_i = share_weight * uncached_i / rate_i * num_requests_i * q_i / (q_i + share_tau_s)
+    cost_i  = ttft_i + evict_i + share_i                 (q_i = pending_prefill_i / rate_i)
 
 - ``rate_i`` is the worker's effective prefill rate, learned online from observed time to
   first token and reported cached tokens (:class:`policies.workload.PrefillRate`, seeded
@@ -21,6 +22,11 @@ worker ``i`` in seconds:
   for again: the placement is charged their recompute. A session's own worker, which already
   holds its prefix, inserts little and is charged little, so under KV pressure sessions stay
   put and new ones go where they displace no one.
+- ``share_i``: uncached work on a worker with a queue delays whatever arrives there behind
+  it; the gate ``q / (q + tau)`` makes that cost vanish on a worker with nothing queued and
+  reach ``uncached / rate`` per request in flight on a backed-up one. At overload it keeps
+  big cold prompts off the workers where warm turns are queueing (simulator: the overload
+  rows of ``bench/RESULTS.md``); at light load it is 0.
 - Affinity: a session stays on the worker it was last sent to while that worker's cost is
   within ``affinity_margin`` (relative) plus ``affinity_slack_s`` of the best; the estimate is
   noisy and every move duplicates the session's prefix on a second worker.
@@ -33,7 +39,7 @@ and report code (:mod:`router.worker_state`), the same in the proxy and the simu
 
 Branches: ``affinity_stick`` (kept on its worker within the margin), ``affinity_moved``
 (a bound session sent elsewhere), ``cost`` (one cheapest worker), ``tie_rr`` (round-robin
-among exact ties), ``no_session`` is not a branch: sessionless requests take ``cost``/``tie_rr``.
+among exact ties); requests without a session take ``cost`` or ``tie_rr``.
 """
 
 from __future__ import annotations
