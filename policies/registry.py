@@ -21,11 +21,13 @@ from policies.random_choice import RandomPicker
 from policies.round_robin import RoundRobinPicker
 from policies.sglang_cache_aware import SGLangCacheAwarePicker
 from policies.sticky import StickyPicker
+from policies.ttft import TTFTPicker
 from policies.unified import UnifiedPicker
 
 PICKERS: dict[str, Callable[..., Picker]] = {
     cls.name: cls
     for cls in (
+        TTFTPicker,
         LMetricPicker,
         LoadOnlyPicker,
         StickyPicker,

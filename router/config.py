@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on")
-    policy: str = Field("lmetric", description=f"picker: one of {', '.join(PICKER_NAMES)}")
+    policy: str = Field("ttft", description=f"picker: one of {', '.join(PICKER_NAMES)}")
     picker_params: dict[str, Any] = Field(
         default_factory=dict,
         description="picker keyword arguments (see policies/<name>.py), e.g. overload_factor=3",
@@ -66,6 +66,12 @@ class Settings(BaseSettings):
         default_factory=dict, description="per-worker KV capacity override: URL=TOKENS"
     )
     block_size: int = Field(BLOCK_SIZE, gt=0, description="tokens per shadow block")
+    prefill_tokens_per_s: float = Field(
+        15_000.0,
+        gt=0,
+        description="each worker's expected prefill rate: the prior of the rate the ttft "
+        "picker learns from observed time to first token (router/cache/workload.py)",
+    )
     radix_eviction: str = Field("lru", description="eviction policy of the shadow radix tree")
     tokenizer: str = Field(
         "approx",

@@ -1,11 +1,11 @@
 """``cache-router demo``: the main job on the embedded default, with no arguments.
 
-Starts 4 simulated workers (``cache-router sim-worker``) and, for each of the five policies,
-a router in front of them (``cache-router serve``), replays the bundled sample of a real
-trace through it (``cache-router sweep``), prints the comparison and writes results and plots
-to ``out/demo/live``. Then it runs the same requests through the offline simulator
-(``out/demo/offline``), whose hit rates the live run should match; ``--offline`` runs only
-that.
+Starts 4 simulated workers (``cache-router sim-worker``) and, for each of six policies (the
+default ttft and the seed's five), a router in front of them (``cache-router serve``),
+replays the bundled sample of a real trace through it (``cache-router sweep``), prints the
+comparison and writes results and plots to ``out/demo/live``. Then it runs the same
+requests through the offline simulator (``out/demo/offline``), whose hit rates the live run
+should match; ``--offline`` runs only that.
 
 The sample is the first 240 requests of the Weka agentic-coding traces (45 sessions, prompts
 of about 50k tokens that mostly extend the previous turn), where routing decides most of the
@@ -25,7 +25,7 @@ from pathlib import Path
 from traces import simulate, sweep
 from traces.formats import load_trace
 
-POLICIES = "lmetric,load_only,sticky,unified,capped"
+POLICIES = "ttft,lmetric,load_only,sticky,unified,capped"
 WORKERS = 4
 KV_TOKENS = 1_000_000  # per worker: a GPU plus a CPU KV tier; lower it to see eviction
 SPEEDUP = 20

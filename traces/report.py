@@ -10,7 +10,10 @@ same shape):
                          "branches": {...}}}}
 
 Times are seconds unless the key says otherwise; ``hit_rate`` and ``shadow_abs_error`` are
-fractions of prompt tokens; ``imbalance`` is max / mean requests per worker.
+fractions of prompt tokens; ``imbalance`` is max / mean requests per worker. When the
+simulator-only ``oracle`` ran too (``traces/oracle.py``), every policy also gets
+``ttft_p50_x_oracle``, ``ttft_p90_x_oracle``, ``ttft_p99_x_oracle`` (its TTFT percentile over
+the oracle's), and the table a "x oracle" column after each TTFT column.
 """
 
 from __future__ import annotations
@@ -22,14 +25,20 @@ from typing import Any
 
 import numpy as np
 
+from traces.oracle import ORACLE
 from traces.simulator import PolicyRun
+
+ORACLE_RATIOS = ("ttft_p50", "ttft_p90", "ttft_p99")
 
 TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # key, header, format
     ("hit_rate", "hit rate", "{:.1%}"),
     ("ttft_p50", "TTFT p50 s", "{:.3f}"),
+    ("ttft_p50_x_oracle", "x oracle", "{:.2f}"),
     ("ttft_p90", "TTFT p90 s", "{:.3f}"),
+    ("ttft_p90_x_oracle", "x oracle", "{:.2f}"),
     ("ttft_p99", "TTFT p99 s", "{:.3f}"),
+    ("ttft_p99_x_oracle", "x oracle", "{:.2f}"),
     ("tpot_p50", "TPOT p50 ms", "ms"),
     ("e2e_p50", "E2E p50 s", "{:.2f}"),
     ("e2e_p99", "E2E p99 s", "{:.2f}"),
@@ -49,6 +58,11 @@ def results_document(
         entry = run.summary()
         entry["branches"] = dict(sorted(run.branches.items()))
         policies[run.name] = entry
+    oracle = policies.get(ORACLE)
+    if oracle is not None:
+        for entry in policies.values():
+            for key in ORACLE_RATIOS:
+                entry[f"{key}_x_oracle"] = entry[key] / oracle[key] if oracle[key] > 0 else None
     return {
         "trace": dict(trace),
         "workers": workers,
@@ -58,13 +72,15 @@ def results_document(
 
 
 def markdown_table(document: Mapping[str, Any]) -> str:
-    """One row per policy, the columns of :data:`TABLE_COLUMNS`."""
-    header = "| policy | requests | " + " | ".join(h for _, h, _ in TABLE_COLUMNS) + " |"
-    rule = "|---|---:|" + "---:|" * len(TABLE_COLUMNS)
+    """One row per policy, the columns of :data:`TABLE_COLUMNS` ("x oracle" ones if it ran)."""
+    with_oracle = ORACLE in document["policies"]
+    columns = [c for c in TABLE_COLUMNS if with_oracle or not c[0].endswith("_x_oracle")]
+    header = "| policy | requests | " + " | ".join(h for _, h, _ in columns) + " |"
+    rule = "|---|---:|" + "---:|" * len(columns)
     rows = [header, rule]
     for name, entry in document["policies"].items():
         cells = []
-        for key, _, fmt in TABLE_COLUMNS:
+        for key, _, fmt in columns:
             value = entry.get(key)
             if value is None:
                 cells.append("")

@@ -13,25 +13,37 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from policies.base import Picker
 from policies.registry import PICKER_NAMES, make_picker, picker_params
 from router.cache.worker_state import SHADOW_KINDS
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.formats import load_trace
+from traces.oracle import ORACLE, OraclePicker
 from traces.record import TraceRequest
 from traces.report import markdown_table, results_document, write_plots, write_results
 from traces.simulator import PolicyRun, SimConfig, simulate
 from traces.stats import hit_ceiling
 from traces.worker_model import add_model_options, model_config_from_args
 
-DEFAULT_POLICIES = "lmetric,load_only,sticky,unified,capped"
+DEFAULT_POLICIES = "ttft,lmetric,load_only,sticky,unified,capped"
 
 
-def parse_policies(text: str) -> list[str]:
+def parse_policies(text: str, offline: bool = False) -> list[str]:
+    """Picker names from a comma-separated list; ``offline`` also accepts ``oracle``."""
+    valid = PICKER_NAMES + ((ORACLE,) if offline else ())
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in PICKER_NAMES]
+    unknown = [p for p in names if p not in valid]
     if unknown or not names:
-        raise ValueError(f"unknown policies {unknown}; choose from {', '.join(PICKER_NAMES)}")
+        raise ValueError(f"unknown policies {unknown}; choose from {', '.join(valid)}")
     return names
+
+
+def make_sim_picker(name: str, seed: int = 0) -> Picker:
+    """A fresh picker for one simulation: the registry's, or the simulator-only oracle."""
+    if name == ORACLE:
+        return OraclePicker()
+    params = {"seed": seed} if "seed" in picker_params(name) else {}
+    return make_picker(name, **params)
 
 
 def run_policies(
@@ -46,12 +58,11 @@ def run_policies(
     runs = []
     capped = None
     for name in policies:
-        params = {"seed": seed} if "seed" in picker_params(name) else {}
         policy_trace = trace
         if name == "capped":
             capped = capped if capped is not None else build_capped_trace(trace, max_turns)
             policy_trace = capped
-        runs.append(simulate(policy_trace, make_picker(name, **params), config, name, progress))
+        runs.append(simulate(policy_trace, make_sim_picker(name, seed), config, name, progress))
     return runs
 
 
@@ -113,7 +124,7 @@ def run_and_report(
 ) -> dict:
     """Simulate every policy of ``args``, print the table, write results (and plots)."""
     config = config_from_args(args)
-    policies = parse_policies(args.policies)
+    policies = parse_policies(args.policies, offline=True)
     if args.max_requests is not None:
         trace = trace[: args.max_requests]
     if args.max_output_tokens is not None:

@@ -25,6 +25,7 @@ from router.cache.block_hash import keys_as_tokens
 from router.cache.block_lru import BlockLRU
 from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
+from router.cache.workload import PrefillRate
 from traces.record import BLOCK_TOKENS, TraceRequest
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 
@@ -104,6 +105,7 @@ def make_worker_states(config: SimConfig) -> list[WorkerState]:
             radix=RadixTree(capacity_tokens=2 * blocks, page_size=2),
             shadow=config.shadow,
             radix_token_weight=BLOCK_TOKENS // 2,
+            rate=PrefillRate(config.worker.prefill_tokens_per_s),
         )
         for i in range(config.workers)
     ]
@@ -132,7 +134,7 @@ def simulate(
         out["first_token"][i] = now
         cached[i] = req.cached_tokens
         booking = bookings[i]
-        booking.first_token()
+        booking.first_token(now)
         booking.report_cached(req.cached_tokens)
 
     def on_finish(req: SimRequest, now: float) -> None:
@@ -142,6 +144,9 @@ def simulate(
         bookings[i] = None
 
     models = [WorkerModel(config.worker, on_first_token, on_finish) for _ in states]
+    # a reference picker (traces/oracle.py) reads the models' truth instead of the shadows
+    truth_views = getattr(picker, "truth_views", None)
+    views = truth_views(states, models) if truth_views is not None else states
     wakeups: list[tuple[float, int, int]] = []  # (time, worker, version)
 
     def schedule(w: int) -> None:
@@ -175,11 +180,11 @@ def simulate(
             tokens=keys_as_tokens(req.blocks) if radix else None,
         )
         t0 = time.perf_counter_ns()
-        pick = picker.pick(features, states)
+        pick = picker.pick(features, views)
         out["pick_us"][i] = (time.perf_counter_ns() - t0) / 1000
         branches[pick.branch] = branches.get(pick.branch, 0) + 1
         state = states[pick.worker]
-        booking = state.book(features, expected_output_tokens=req.output_length)
+        booking = state.book(features, expected_output_tokens=req.output_length, now=arrival)
         bookings[i] = booking
         out["estimated"][i] = (
             booking.radix_estimate
@@ -190,6 +195,8 @@ def simulate(
         chosen[i] = pick.worker
         sim_req = SimRequest(req.blocks, req.input_length, max(1, req.output_length), tag=i)
         models[pick.worker].submit(sim_req, arrival)
+        if views is not states:
+            views[pick.worker].queue(sim_req)
         schedule(pick.worker)
         i += 1
         if progress and (i % 500 == 0 or i == n):

@@ -32,7 +32,7 @@ from traces.replay import ReplayConfig, ReplayOutcome, replay
 from traces.report import markdown_table, results_document, write_plots, write_results
 from traces.simulate import parse_policies, trace_summary
 
-SWEEP_POLICIES = "lmetric,load_only,sticky,unified,capped"
+SWEEP_POLICIES = "ttft,lmetric,load_only,sticky,unified,capped"
 
 
 def select(trace: list[TraceRequest], args: argparse.Namespace) -> list[TraceRequest]:

@@ -71,6 +71,7 @@ class Workload:
     think_s: float = 0.15  # mean; uniform 0..2x: shuffles the sessions' order, or round robin
     # turns accidentally sticky when the sessions in flight (3) match the workers (3)
     seed: int = 0
+    document_tokens: int = 0  # > 0: each session opens with its own document, not a shared prompt
 
 
 @dataclass
@@ -108,7 +109,10 @@ def build_sessions(cfg: Workload, tag: str, text: str) -> list[dict[str, Any]]:
             (f"[{tag} s{s} t{t}] " + snippet(cfg.user_tokens), snippet(cfg.assistant_tokens))
             for t in range(cfg.turns)
         ]
-        sessions.append({"id": f"{tag}-{s}", "system": systems[s % len(systems)], "turns": turns})
+        system = systems[s % len(systems)]
+        if cfg.document_tokens:
+            system = f"# run {tag} session {s} document\n" + snippet(cfg.document_tokens)
+        sessions.append({"id": f"{tag}-{s}", "system": system, "turns": turns})
     return sessions
 
 

@@ -19,6 +19,7 @@ each of them (:meth:`Booking.report_cached`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -28,6 +29,7 @@ from router.cache.block_lru import BlockLRU
 from router.cache.features import RequestFeatures
 from router.cache.kv_index import KVIndex
 from router.cache.radix_tree import RadixTree, TreeNode
+from router.cache.workload import PrefillRate, SessionFootprint
 
 ShadowKind = Literal["blocks", "radix"]
 SHADOW_KINDS: tuple[str, ...] = ("blocks", "radix")
@@ -73,10 +75,18 @@ class WorkerState:
     accuracy: ShadowAccuracy = field(default_factory=ShadowAccuracy)
     kv_index: KVIndex | None = None  # precise mode (router/fleet/kv_events.py): answers when synced
     worker_block_size: int | None = None  # the worker's own KV block size, from its /metrics
+    # learned from bookings and reports (router/cache/workload.py), read by the ttft picker
+    rate: PrefillRate = field(default_factory=PrefillRate)
+    footprint: SessionFootprint = field(default_factory=SessionFootprint)
 
     def __post_init__(self) -> None:
         if self.shadow not in SHADOW_KINDS:
             raise ValueError(f"shadow must be one of {SHADOW_KINDS}, not {self.shadow!r}")
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The KV capacity the shadow believes in (feedback may have shrunk it)."""
+        return self.blocks.capacity_blocks * self.blocks.block_size
 
     def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
         index = self.kv_index
@@ -88,8 +98,16 @@ class WorkerState:
             return self.radix.prefix_length(tokens) * self.radix_token_weight
         return self.blocks.estimate_cache_hit(blocks)
 
-    def book(self, request: RequestFeatures, expected_output_tokens: int = 0) -> Booking:
-        """Claim this worker for ``request``: counters up, blocks pinned, path locked."""
+    def book(
+        self, request: RequestFeatures, expected_output_tokens: int = 0, now: float | None = None
+    ) -> Booking:
+        """Claim this worker for ``request``: counters up, blocks pinned, path locked.
+
+        ``now`` (default: the monotonic clock; the simulator's virtual time) dates the booking
+        for the learned rate and the session footprint.
+        """
+        if now is None:
+            now = time.monotonic()
         blocks_hit = self.blocks.estimate_cache_hit(request.blocks)
         radix_hit = None
         node = None
@@ -114,6 +132,11 @@ class WorkerState:
                 hit = kv_hit
             kv_keys = index.pin(request.tokens)
         new_prefill = max(0, request.input_length - hit)
+        queued_ahead = self.pending_prefill_tokens
+        if request.session_id is not None:
+            self.footprint.touch(
+                request.session_id, request.input_length + expected_output_tokens, now
+            )
         self.num_requests += 1
         self.pending_prefill_tokens += new_prefill
         self.ongoing_decode_tokens += expected_output_tokens
@@ -129,6 +152,8 @@ class WorkerState:
             kv_estimate=kv_hit,
             kv_keys=kv_keys,
             input_length=request.input_length,
+            booked_at=now,
+            queued_ahead=queued_ahead,
         )
 
 
@@ -155,11 +180,16 @@ class Booking:
     kv_estimate: int | None = None  # the KV-event index's estimate (None: it could not tell)
     kv_keys: list[int] = field(default_factory=list)  # pinned in the index until finish
     input_length: int = 0
+    booked_at: float = 0.0
+    queued_ahead: int = 0  # prefill tokens pending on the worker when this was booked
+    first_token_at: float | None = None
+    ttft_valid: bool = True  # False: the first byte is not the first token (not streamed)
 
-    def first_token(self) -> None:
+    def first_token(self, now: float | None = None) -> None:
         """The worker started answering: its prefill of this request is done."""
         if not self.prefill_released:
             self.prefill_released = True
+            self.first_token_at = time.monotonic() if now is None else now
             self.worker.pending_prefill_tokens -= self.new_prefill
 
     def finish(self) -> bool:
@@ -198,3 +228,8 @@ class Booking:
         if self.radix_estimate is not None:
             acc.radix_estimate_tokens += self.radix_estimate
             acc.radix_abs_error_tokens += abs(self.radix_estimate - cached_tokens)
+        if self.ttft_valid and self.first_token_at is not None and not self.queued_ahead:
+            # a clean sample: nothing was queued ahead, so the wait was this request's own
+            # uncached prefill (a queue's partly done prefill would read as a faster worker)
+            work = max(0, self.input_length - cached_tokens)
+            self.worker.rate.observe(work, self.first_token_at - self.booked_at)

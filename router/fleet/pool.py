@@ -37,6 +37,7 @@ from router.cache.feedback import reset_shadow
 from router.cache.kv_index import KVIndex
 from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import WorkerState
+from router.cache.workload import PrefillRate
 from router.config import Settings, normalize_url
 from router.fleet.stats import PoolStats, WorkerStats
 from router.fleet.upstream import UpstreamPool
@@ -159,6 +160,7 @@ class WorkerPool:
             radix=RadixTree(capacity_tokens=tokens, policy=s.radix_eviction),
             shadow=s.shadow,
             kv_index=KVIndex() if s.kv_events else None,
+            rate=PrefillRate(s.prefill_tokens_per_s),
         )
         worker = Worker(
             url=url,

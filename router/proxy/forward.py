@@ -318,6 +318,7 @@ class Forwarder:
         state, stats = worker.state, worker.stats
         features = ex.features
         booking = state.book(features, ex.request.max_tokens)
+        booking.ttft_valid = ex.request.stream  # else the first byte is the whole answer
         stats.prompt_tokens += features.input_length
         stats.estimated_hit_tokens += pick.hit_tokens
         stats.best_hit_tokens += pick.best_hit_tokens

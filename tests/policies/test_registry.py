@@ -14,6 +14,7 @@ from policies.unified import UnifiedPicker
 
 def test_names():
     assert set(PICKER_NAMES) == {
+        "ttft",
         "lmetric",
         "load_only",
         "sticky",

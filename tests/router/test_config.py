@@ -12,7 +12,7 @@ from router.proxy.serve import settings_from_args
 
 def test_defaults_need_nothing():
     s = load_settings()
-    assert s.workers == [] and s.policy == "lmetric" and s.shadow == "blocks"
+    assert s.workers == [] and s.policy == "ttft" and s.shadow == "blocks"
     assert s.tokenizer == "approx" and s.session_header == "X-Session-ID"
     assert s.kv_capacity_tokens // s.block_size == 1953
 
@@ -56,7 +56,7 @@ def test_serve_flags_cover_every_setting_and_help_shows_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for name in Settings.model_fields:
         assert f"env CACHE_ROUTER_{name.upper()}" in text
-    assert "--worker URL" in text and "(default: lmetric;" in text
+    assert "--worker URL" in text and "(default: ttft;" in text
     assert "{blocks,radix}" in text
 
 

@@ -21,7 +21,7 @@ SLOW = pytest.mark.skipif(
 
 
 def test_live_sweep_agrees_with_the_simulator(tmp_path: Path):
-    common = ["--trace", str(CONVERSATION), "--policies", "lmetric,unified", "--max-requests",
+    common = ["--trace", str(CONVERSATION), "--policies", "ttft,lmetric,unified", "--max-requests",
               "120", "--max-output-tokens", "64"]  # fmt: skip
     parser = build_parser()
     live_args = parser.parse_args(
@@ -35,7 +35,7 @@ def test_live_sweep_agrees_with_the_simulator(tmp_path: Path):
          "--out", str(tmp_path / "sim"), "--no-plots"]
     )  # fmt: skip
     offline = run_and_report(str(CONVERSATION), trace, sim_args, tmp_path / "sim", plots=False)
-    for name in ("lmetric", "unified"):
+    for name in ("ttft", "lmetric", "unified"):
         got, want = live["policies"][name], offline["policies"][name]
         assert got["errors"] == 0 and got["requests"] == want["requests"] == 120
         assert abs(got["hit_rate"] - want["hit_rate"]) <= 0.05, name
@@ -48,16 +48,16 @@ def test_live_sweep_agrees_with_the_simulator(tmp_path: Path):
 def test_demo_offline_prints_the_table(tmp_path: Path, capsys):
     assert main(["demo", "--offline", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for policy in ("lmetric", "load_only", "sticky", "unified", "capped"):
+    for policy in ("ttft", "lmetric", "load_only", "sticky", "unified", "capped"):
         assert f"| {policy} |" in out
     assert (tmp_path / "offline" / "results.json").exists()
 
 
 @SLOW
-def test_demo_live_runs_the_five_policies(tmp_path: Path, capsys):
+def test_demo_live_runs_the_six_policies(tmp_path: Path, capsys):
     assert main(["demo", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "live" / "results.json").read_text())
-    assert list(doc["policies"]) == ["lmetric", "load_only", "sticky", "unified", "capped"]
+    assert list(doc["policies"]) == ["ttft", "lmetric", "load_only", "sticky", "unified", "capped"]
     for entry in doc["policies"].values():
         assert entry["errors"] == 0 and entry["requests"] > 0 and entry["hit_rate"] > 0
     # the workload rewards cache affinity: sticky beats the cache-blind load_only

@@ -54,3 +54,26 @@ def test_shadow_choice_decides_the_estimate_and_both_are_scored():
 def test_unknown_shadow_is_rejected():
     with pytest.raises(ValueError):
         WorkerState("w", BlockLRU(1), shadow="bloom")
+
+
+def test_bookings_feed_the_footprint_and_clean_reports_feed_the_rate():
+    w = make_worker()
+    w.rate.configured = w.rate.tokens_per_s = 1000.0  # small numbers for 4-token blocks
+    first = w.book(request(list(range(2000)), session="s"), expected_output_tokens=10, now=5.0)
+    assert w.footprint.tokens_of("s") == 2010 and w.footprint.clock == 5.0
+    second = w.book(request(list(range(3000, 3600))), now=5.5)  # queued behind the first
+    assert (first.queued_ahead, second.queued_ahead) == (0, 2000)
+    first.first_token(now=7.0)
+    first.report_cached(0)  # nothing ahead: 2000 tokens in 2 s is a clean sample
+    assert w.rate.samples == 1
+    second.first_token(now=8.0)
+    second.report_cached(0)  # waited behind another: not a sample
+    assert w.rate.samples == 1
+    third = w.book(request(list(range(5000, 6000))), now=9.0)
+    third.ttft_valid = False  # not streamed: its first byte is the whole answer
+    third.first_token(now=20.0)
+    third.report_cached(0)
+    assert w.rate.samples == 1
+    for b in (first, second, third):
+        b.finish()
+    assert w.kv_capacity_tokens == 100 * 4

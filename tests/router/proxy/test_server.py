@@ -126,7 +126,7 @@ async def test_in_flight_over_the_limit_gets_429_with_retry_after(fake_workers, 
         assert (await client.post("/v1/completions", content=BODY)).status_code == 200
         metrics = (await client.get("/metrics")).text
     assert 'cache_router_rejected_total{reason="inflight"} 1.0' in metrics
-    assert 'cache_router_requests_total{policy="lmetric",status="429",worker="none"} 1.0' in metrics
+    assert 'cache_router_requests_total{policy="ttft",status="429",worker="none"} 1.0' in metrics
     assert "cache_router_in_flight 0.0" in metrics
     assert len(worker.requests) == 3
 

@@ -1,0 +1,136 @@
+"""What the router learns about each worker from its own bookings and reports.
+
+Two small structures that live on each :class:`router.cache.worker_state.WorkerState` (so the proxy
+and the simulator feed them with the same booking / report code) and that the ``ttft``
+picker reads:
+
+- :class:`PrefillRate`: the worker's effective prefill rate, learned online from observed
+  time to first token. Each report gives one sample: the prefill work the request waited for
+  (the pending prefill booked ahead of it, plus its own uncached tokens as the worker reported
+  them) over its time to first token, less one step's overhead. Samples are folded into
+  exponentially weighted sums of work and time (``rate = work / time``, so a long prompt
+  weighs more than a short one), starting from a prior worth ``PRIOR_SAMPLES`` samples at the
+  configured rate, and the result is clamped to ``[rate / BOUND, rate * BOUND]`` of the
+  configured rate: a burst of odd samples (a worker paused, a cache reset) can skew it only
+  so far. Under load the queue ahead was partly prefilled already and memory waits add time,
+  so the rate is an *effective* one; what matters to the picker is how workers compare.
+- :class:`SessionFootprint`: the sessions recently served by the worker and how many tokens
+  of KV each holds there (its last prompt plus output), with their sum over the sessions
+  seen within ``horizon_s``: the worker's warm working set. When it exceeds the worker's KV
+  capacity, whatever a new placement inserts pushes out blocks a warm session will ask for.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+DEFAULT_PREFILL_TOKENS_PER_S = 15_000.0
+"""The configured prefill rate when nothing else is known (the worker model's default)."""
+
+STEP_OVERHEAD_S = 0.012
+"""Fixed cost of one engine step, taken off each observed time to first token."""
+
+PRIOR_SAMPLES = 8.0
+"""The configured rate counts as this many samples of an average request's work."""
+
+ALPHA = 0.05
+"""Weight of a new sample in the exponentially weighted sums (about 20 samples of memory)."""
+
+BOUND = 4.0
+"""The learned rate stays within [configured / BOUND, configured * BOUND]."""
+
+MIN_WORK_TOKENS = 512
+"""Samples with less prefill work than one block are overhead-dominated: skipped."""
+
+FOOTPRINT_HORIZON_S = 300.0
+"""A session last seen longer ago than this no longer counts as warm on the worker."""
+
+
+class PrefillRate:
+    """A worker's effective prefill rate in tokens/s, learned from time to first token."""
+
+    __slots__ = ("_time", "_work", "configured", "samples", "tokens_per_s")
+
+    def __init__(self, configured: float = DEFAULT_PREFILL_TOKENS_PER_S) -> None:
+        if configured <= 0:
+            raise ValueError("configured prefill rate must be positive")
+        self.configured = configured
+        prior_work = PRIOR_SAMPLES * 8192.0
+        self._work = prior_work
+        self._time = prior_work / configured
+        self.tokens_per_s = configured
+        self.samples = 0
+
+    def observe(self, work_tokens: int, ttft_s: float) -> None:
+        """One request waited ``ttft_s`` for ``work_tokens`` of prefill (its own and ahead)."""
+        if work_tokens < MIN_WORK_TOKENS or ttft_s <= 0:
+            return
+        busy = max(ttft_s - STEP_OVERHEAD_S, ttft_s * 0.1)
+        self._work += ALPHA * (work_tokens - self._work)
+        self._time += ALPHA * (busy - self._time)
+        rate = self._work / self._time
+        lo, hi = self.configured / BOUND, self.configured * BOUND
+        self.tokens_per_s = lo if rate < lo else hi if rate > hi else rate
+        self.samples += 1
+
+
+class SessionFootprint:
+    """Sessions warm on one worker: tokens each holds there, summed over a time horizon."""
+
+    __slots__ = ("_head_seen", "_sessions", "clock", "horizon_s", "warm_tokens")
+
+    def __init__(self, horizon_s: float = FOOTPRINT_HORIZON_S) -> None:
+        self.horizon_s = horizon_s
+        self._sessions: OrderedDict[str, tuple[int, float]] = OrderedDict()  # oldest first
+        self.warm_tokens = 0
+        self.clock = 0.0  # time of the latest booking
+        self._head_seen = float("inf")  # when the oldest session was seen (inf: none)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def tokens_of(self, session_id: str | None) -> int:
+        """Tokens ``session_id`` holds here while warm (0 if it is not warm here)."""
+        if session_id is None:
+            return 0
+        entry = self._sessions.get(session_id)
+        return entry[0] if entry is not None else 0
+
+    def others_tokens(self, session_id: str | None, now: float) -> int:
+        """Warm tokens at ``now`` of the sessions other than ``session_id`` (one call per pick)."""
+        warm = self.expire(now)
+        if session_id is not None:
+            entry = self._sessions.get(session_id)
+            if entry is not None:
+                warm -= entry[0]
+        return warm
+
+    def touch(self, session_id: str, tokens: int, now: float) -> None:
+        """``session_id`` was booked here at ``now`` and will hold ``tokens`` of KV."""
+        if now > self.clock:
+            self.clock = now
+        sessions = self._sessions
+        old = sessions.pop(session_id, None)
+        if old is not None:
+            self.warm_tokens -= old[0]
+        sessions[session_id] = (tokens, self.clock)
+        self.warm_tokens += tokens
+        self._head_seen = next(iter(sessions.values()))[1]
+        self.expire(self.clock)
+
+    def expire(self, now: float) -> int:
+        """Forget sessions last seen before ``now - horizon_s``; the warm tokens left."""
+        limit = now - self.horizon_s
+        if self._head_seen >= limit:  # the usual case: nothing to forget, O(1)
+            return self.warm_tokens
+        sessions = self._sessions
+        while sessions:
+            session_id, (tokens, seen) = next(iter(sessions.items()))
+            if seen >= limit:
+                self._head_seen = seen
+                break
+            del sessions[session_id]
+            self.warm_tokens -= tokens
+        else:
+            self._head_seen = float("inf")
+        return self.warm_tokens

@@ -1,0 +1,146 @@
+"""ttft: predicted time to first token, affinity within a margin, KV-pressure charge."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.base import NoHealthyWorker
+from policies.lmetric import LMetricPicker
+from policies.ttft import TTFTPicker
+from router.cache.block_lru import BlockLRU
+from router.cache.worker_state import WorkerState
+from router.cache.workload import SessionFootprint
+
+STEP, SEQ, RATE, CHUNK = 0.012, 0.00015, 15_000.0, 8192
+
+
+def test_keeps_a_warm_session_on_the_idle_warm_worker_where_lmetric_goes_cold(worker, request_for):
+    # turn 2 of a session: its first 4 blocks (turn 1) are cached on worker 1, which still
+    # decodes one request; worker 0 is idle and cold. 5 blocks = 2,560 tokens.
+    cold, warm = worker(0), worker(1, cached=(1, 2, 3, 4))
+    req = request_for((1, 2, 3, 4, 5), session="s")
+    # LMetric: cold (0 + 2560) * 0 = 0 beats warm (0 + 512) * 1 = 512
+    assert LMetricPicker().pick(req, [cold, warm]).worker == 0
+    # ttft, by hand: cold 2560/15000 + (2560/8192 + 1) * 0.012          = 0.186417 s
+    #                warm  512/15000 + ( 512/8192 + 1) * (0.012 + 0.00015) = 0.047042 s
+    picker = TTFTPicker()
+    costs = picker.costs(req, [cold, warm], [0, 2048])
+    assert costs[0] == pytest.approx(2560 / RATE + (2560 / CHUNK + 1) * STEP)
+    assert costs[0] == pytest.approx(0.186417, abs=1e-6)
+    assert costs[1] == pytest.approx(0.047042, abs=1e-6)
+    pick = picker.pick(req, [cold, warm])
+    assert (pick.worker, pick.branch, pick.hit_tokens, pick.best_hit_tokens) == (
+        1,
+        "cost",
+        2048,
+        2048,
+    )
+
+
+def test_both_idle_the_seed_lmetric_takes_the_first_cold_one(worker, request_for):
+    cold, warm = worker(0), worker(0, cached=(1, 2, 3))
+    req = request_for((1, 2, 3, 4))
+    assert LMetricPicker(tie_break="first").pick(req, [cold, warm]).worker == 0
+    assert TTFTPicker().pick(req, [cold, warm]).worker == 1
+
+
+def test_queue_ahead_outweighs_a_small_hit(worker, request_for):
+    # warm worker has 30k tokens of prefill queued: 2s; the cold one costs 4 blocks: 0.14s
+    busy_warm = worker(3, cached=(1,), pending=30_000)
+    idle_cold = worker(0)
+    assert TTFTPicker().pick(request_for((1, 2, 3, 4)), [busy_warm, idle_cold]).worker == 1
+
+
+def test_cold_idle_fleet_goes_round_robin(worker, request_for):
+    workers = [worker(0), worker(0), worker(0)]
+    picker = TTFTPicker()
+    picks = [picker.pick(request_for((10 + i,)), workers) for i in range(4)]
+    assert [p.worker for p in picks] == [0, 1, 2, 0]
+    assert {p.branch for p in picks} == {"tie_rr"}
+
+
+def test_session_sticks_within_the_margin_then_moves(worker, request_for):
+    a, b = worker(0), worker(0)
+    picker = TTFTPicker(affinity_margin=0.1, affinity_slack_s=0.0)
+    first = picker.pick(request_for((1, 2), session="s"), [a, b])
+    bound = first.worker
+    other = 1 - bound
+    ws = [a, b]
+    # the bound worker is now 5% worse than the other: stays
+    ws[bound].pending_prefill_tokens = 1_000
+    ws[other].pending_prefill_tokens = 800
+    assert picker.pick(request_for((1, 2), session="s"), ws).branch == "affinity_stick"
+    # far worse: moves, and the session is bound to its new worker
+    ws[bound].pending_prefill_tokens = 60_000
+    moved = picker.pick(request_for((1, 2), session="s"), ws)
+    assert (moved.worker, moved.branch) == (other, "affinity_moved")
+    ws[bound].pending_prefill_tokens = 0
+    ws[other].pending_prefill_tokens = 0
+    assert picker.pick(request_for((1, 2), session="s"), ws).worker == other
+
+
+def test_unhealthy_workers_are_skipped(worker, request_for):
+    picker = TTFTPicker()
+    ws = [worker(0, cached=(1, 2), healthy=False), worker(2)]
+    assert picker.pick(request_for((1, 2)), ws).worker == 1
+    with pytest.raises(NoHealthyWorker):
+        picker.pick(request_for((1, 2)), [worker(0, healthy=False)])
+
+
+def _state(name: str, capacity_tokens: int) -> WorkerState:
+    return WorkerState(name=name, blocks=BlockLRU(capacity_tokens // 512, 512))
+
+
+def test_a_placement_that_pushes_out_warm_sessions_pays_their_recompute(request_for):
+    # both workers idle and cold for this request; worker 0's KV (8 blocks) is full of two
+    # sessions seen a moment ago, worker 1 holds none
+    full, free = _state("full", 8 * 512), _state("free", 8 * 512)
+    full.footprint.touch("x", 2048, now=10.0)
+    full.footprint.touch("y", 2048, now=11.0)
+    free.footprint.touch("z", 0, now=11.0)
+    req = request_for((1, 2, 3, 4), session="new")
+    picker = TTFTPicker()
+    costs = picker.costs(req, [full, free], [0, 0])
+    # worker 0: 4096 warm + 2048 new - 4096 capacity = 2048 tokens pushed out (all uncached)
+    assert costs[0] - costs[1] == pytest.approx(2048 / RATE)
+    assert picker.pick(req, [full, free]).worker == 1
+    # once those sessions are older than the horizon, nothing warm is pushed out
+    full.footprint.horizon_s = 1.0
+    free.footprint.touch("z", 0, now=20.0)
+    costs = picker.costs(req, [full, free], [0, 0])
+    assert costs[0] == pytest.approx(costs[1])
+
+
+def test_the_session_itself_is_not_counted_as_displaced(request_for):
+    state = _state("w", 8 * 512)
+    state.footprint.touch("s", 4096, now=1.0)  # the session fills the worker alone
+    req = request_for((1, 2, 3, 4, 5, 6, 7, 8), session="s")
+    cost = TTFTPicker().costs(req, [state], [2048])[0]
+    assert cost == pytest.approx(2048 / RATE + (2048 / CHUNK + 1) * STEP)
+
+
+def test_learned_rate_changes_the_comparison(request_for):
+    slow, fast = _state("slow", 1 << 20), _state("fast", 1 << 20)
+    for _ in range(200):
+        slow.rate.observe(8192, 8192 / 5_000 + STEP)
+        fast.rate.observe(8192, 8192 / 30_000 + STEP)
+    assert slow.rate.tokens_per_s < 6_000 < 25_000 < fast.rate.tokens_per_s
+    # same queue, same cache: the faster worker wins
+    slow.pending_prefill_tokens = fast.pending_prefill_tokens = 10_000
+    assert TTFTPicker().pick(request_for((1, 2, 3)), [slow, fast]).worker == 1
+
+
+def test_views_without_learned_state_use_the_configured_rate(worker, request_for):
+    costs = TTFTPicker(prefill_tokens_per_s=10_000).costs(request_for((1,)), [worker(0)], [0])
+    assert costs[0] == pytest.approx(512 / 10_000 + (512 / CHUNK + 1) * STEP)
+
+
+def test_parameters_are_validated():
+    with pytest.raises(ValueError):
+        TTFTPicker(prefill_tokens_per_s=0)
+    with pytest.raises(ValueError):
+        TTFTPicker(affinity_margin=-1)
+
+
+def test_footprint_is_a_session_footprint():
+    assert isinstance(_state("w", 512).footprint, SessionFootprint)

@@ -1,0 +1,43 @@
+"""PrefillRate (learned, bounded) and SessionFootprint (warm sessions over a horizon)."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.cache.workload import BOUND, MIN_WORK_TOKENS, PrefillRate, SessionFootprint
+
+
+def test_rate_starts_at_the_configured_one_and_follows_observations():
+    rate = PrefillRate(10_000)
+    assert rate.tokens_per_s == 10_000 and rate.samples == 0
+    for _ in range(100):
+        rate.observe(20_000, 20_000 / 20_000 + 0.012)  # a worker twice as fast
+    assert rate.tokens_per_s == pytest.approx(20_000, rel=0.02)
+    assert rate.samples == 100
+
+
+def test_rate_is_bounded_and_ignores_tiny_samples():
+    rate = PrefillRate(10_000)
+    rate.observe(MIN_WORK_TOKENS - 1, 100.0)  # overhead-dominated: skipped
+    assert rate.samples == 0 and rate.tokens_per_s == 10_000
+    for _ in range(500):
+        rate.observe(10_000, 1000.0)  # a stalled worker
+    assert rate.tokens_per_s == 10_000 / BOUND
+    for _ in range(500):
+        rate.observe(100_000, 0.0001)
+    assert rate.tokens_per_s == 10_000 * BOUND
+    with pytest.raises(ValueError):
+        PrefillRate(0)
+
+
+def test_footprint_sums_warm_sessions_and_forgets_old_ones():
+    fp = SessionFootprint(horizon_s=10.0)
+    fp.touch("a", 1000, now=0.0)
+    fp.touch("b", 500, now=5.0)
+    fp.touch("a", 1200, now=6.0)  # a grew: replaced, not added
+    assert fp.warm_tokens == 1700 and fp.tokens_of("a") == 1200 and len(fp) == 2
+    assert fp.expire(14.0) == 1700
+    assert fp.expire(15.5) == 1200  # b last seen at 5.0
+    assert fp.tokens_of("b") == 0 and fp.tokens_of(None) == 0
+    fp.touch("c", 10, now=30.0)
+    assert fp.warm_tokens == 10 and fp.clock == 30.0
