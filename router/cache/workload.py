@@ -4,16 +4,16 @@ Two small structures that live on each :class:`router.cache.worker_state.WorkerS
 and the simulator feed them with the same booking / report code) and that the ``ttft``
 picker reads:
 
-- :class:`PrefillRate`: the worker's effective prefill rate, learned online from observed
-  time to first token. Each report gives one sample: the prefill work the request waited for
-  (the pending prefill booked ahead of it, plus its own uncached tokens as the worker reported
-  them) over its time to first token, less one step's overhead. Samples are folded into
-  exponentially weighted sums of work and time (``rate = work / time``, so a long prompt
-  weighs more than a short one), starting from a prior worth ``PRIOR_SAMPLES`` samples at the
-  configured rate, and the result is clamped to ``[rate / BOUND, rate * BOUND]`` of the
-  configured rate: a burst of odd samples (a worker paused, a cache reset) can skew it only
-  so far. Under load the queue ahead was partly prefilled already and memory waits add time,
-  so the rate is an *effective* one; what matters to the picker is how workers compare.
+- :class:`PrefillRate`: the worker's effective prefill rate, learned online from observed time
+  to first token. A streamed request that found nothing queued ahead gives one sample: its own
+  uncached tokens (as the worker reported them) over its time to first token, less one step's
+  overhead (a queue's partly done prefill would make a busy worker look fast). Samples are
+  folded into exponentially weighted sums of work and time (``rate = work / time``, so a long
+  prompt weighs more than a short one), starting from a prior worth ``PRIOR_SAMPLES`` samples at
+  the configured rate, and the result is clamped to ``[rate / BOUND, rate * BOUND]`` of the
+  configured rate: a burst of odd samples (a worker paused, a cache reset) can skew it only so
+  far. Under load the queue ahead was partly prefilled already and memory waits add time, so the
+  rate is an *effective* one; what matters to the picker is how workers compare.
 - :class:`SessionFootprint`: the sessions recently served by the worker and how many tokens
   of KV each holds there (its last prompt plus output), with their sum over the sessions
   seen within ``horizon_s``: the worker's warm working set. When it exceeds the worker's KV
