@@ -24,6 +24,7 @@ from pydantic_settings import (
 from policies.registry import PICKER_NAMES, make_picker
 from router.cache.block_hash import BLOCK_SIZE
 from router.cache.radix_tree import EVICTION_POLICIES
+from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S
 
 ENV_PREFIX = "CACHE_ROUTER_"
 
@@ -67,7 +68,7 @@ class Settings(BaseSettings):
     )
     block_size: int = Field(BLOCK_SIZE, gt=0, description="tokens per shadow block")
     prefill_tokens_per_s: float = Field(
-        15_000.0,
+        DEFAULT_PREFILL_TOKENS_PER_S,
         gt=0,
         description="each worker's expected prefill rate: the prior of the rate the ttft "
         "picker learns from observed time to first token (router/cache/workload.py)",

@@ -23,14 +23,11 @@ from collections.abc import Sequence
 from itertools import takewhile
 
 from policies.lmetric import LMetricPicker
-from router.cache.block_hash import keys_as_tokens
 from router.cache.worker_state import WorkerState
 from traces.record import BLOCK_TOKENS
 from traces.worker_model import SimRequest, WorkerModel
 
 ORACLE = "oracle"
-
-_PSEUDO = 2  # pseudo-tokens per block key in the worker model's tree
 
 
 class TruthView:
@@ -65,7 +62,7 @@ class TruthView:
 
     def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
         self._sync()
-        cached = self.model.cache.prefix_length(keys_as_tokens(blocks)) // _PSEUDO
+        cached = self.model.cached_prefix_blocks(blocks)
         queued = len(list(takewhile(self._queued_blocks.__contains__, blocks)))
         return max(cached, queued) * BLOCK_TOKENS
 

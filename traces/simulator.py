@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from policies.base import Picker, RequestFeatures
-from router.cache.block_hash import keys_as_tokens
+from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.block_lru import BlockLRU
 from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
@@ -102,9 +102,9 @@ def make_worker_states(config: SimConfig) -> list[WorkerState]:
         WorkerState(
             name=f"sim-{i}",
             blocks=BlockLRU(blocks, BLOCK_TOKENS),
-            radix=RadixTree(capacity_tokens=2 * blocks, page_size=2),
+            radix=RadixTree(capacity_tokens=KEY_TOKENS * blocks, page_size=KEY_TOKENS),
             shadow=config.shadow,
-            radix_token_weight=BLOCK_TOKENS // 2,
+            radix_token_weight=BLOCK_TOKENS // KEY_TOKENS,
             rate=PrefillRate(config.worker.prefill_tokens_per_s),
         )
         for i in range(config.workers)

@@ -35,15 +35,13 @@ import argparse
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.cache.block_hash import keys_as_tokens
+from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.radix_tree import RadixTree, TreeNode
 from traces.record import BLOCK_TOKENS
-
-_PSEUDO = 2  # pseudo-tokens per block key in the tree
 
 
 @dataclass(frozen=True)
@@ -150,7 +148,7 @@ class WorkerModel:
         on_finish: OnFinish | None = None,
     ) -> None:
         self.config = config or WorkerModelConfig()
-        self.cache = RadixTree(page_size=_PSEUDO, policy=self.config.eviction_policy)
+        self.cache = RadixTree(page_size=KEY_TOKENS, policy=self.config.eviction_policy)
         self.on_first_token = on_first_token or (lambda r, t: None)
         self.on_finish = on_finish or (lambda r, t: None)
         self.waiting: deque[SimRequest] = deque()
@@ -180,10 +178,14 @@ class WorkerModel:
 
     @property
     def used_blocks(self) -> int:
-        return self.cache.total_tokens // _PSEUDO + self.extra_blocks
+        return self.cache.total_tokens // KEY_TOKENS + self.extra_blocks
 
     def kv_usage(self) -> float:
         return min(1.0, self.used_blocks / max(1, self.config.capacity_blocks))
+
+    def cached_prefix_blocks(self, blocks: Sequence[int]) -> int:
+        """Leading ``blocks`` in the KV cache now (a lookup: no split, no lock, no touch)."""
+        return self.cache.prefix_length(keys_as_tokens(blocks)) // KEY_TOKENS
 
     # ---- driving -----------------------------------------------------------------------
 
@@ -244,13 +246,13 @@ class WorkerModel:
             tokens = keys_as_tokens(req.blocks)
             match = cache.match_prefix(tokens)
             cache.inc_lock_ref(match.node)
-            hit_blocks = match.length // _PSEUDO
+            hit_blocks = match.length // KEY_TOKENS
             total_blocks = math.ceil((req.input_length + req.output_length) / BLOCK_TOKENS)
             extra = max(0, total_blocks - len(req.blocks))
             need = len(req.blocks) - hit_blocks + extra
             free = cap - self.used_blocks
             if need > free:
-                cache.evict((need - free) * _PSEUDO)
+                cache.evict((need - free) * KEY_TOKENS)
                 free = cap - self.used_blocks
             if need > free and self.num_running > 0:
                 cache.dec_lock_ref(match.node)

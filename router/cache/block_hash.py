@@ -111,6 +111,10 @@ def chain_ids(ids: Sequence[int], ids_per_block: int = 1, root: int = 0) -> list
     return hash_bytes_blocks(packed, ids_per_block * 8, root)
 
 
+KEY_TOKENS = 2
+"""Pseudo-tokens per block key in :func:`keys_as_tokens` (a 64-bit key as two uint32)."""
+
+
 def keys_as_tokens(keys: Sequence[int]) -> bytes:
     """Block keys as a token buffer, two uint32 pseudo-tokens per 64-bit key.
 
