@@ -8,6 +8,7 @@ what the code reads.
 
 from __future__ import annotations
 
+import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -164,6 +165,48 @@ class Settings(BaseSettings):
         description="the worker on port P serves missed KV event batches at its port P + "
         "offset (vLLM: replay_endpoint); 0: no replay, gaps fall back to the estimate",
     )
+    kv_events_connect: bool = Field(
+        False,
+        description="precise mode, vLLM's default direction: the worker binds its publisher "
+        "(endpoint tcp://*:P+offset) and the router connects to the worker's host at P + "
+        "kv_events_port_offset, so several router replicas can subscribe to one worker",
+    )
+    # Scale-out (router/fleet/state_sync.py, router/proxy/supervisor.py): router processes and
+    # replicas that share bookings, load, sessions and membership through Redis.
+    processes: str = Field(
+        "1",
+        pattern=r"^(auto|[1-9][0-9]{0,2})$",
+        description="router processes on this port (SO_REUSEPORT), supervised by this one; "
+        "'auto': the cores this process may use. Without --state-url they share a private "
+        "redis-server on a unix socket",
+    )
+    state_url: str | None = Field(
+        None,
+        description="Redis (or Valkey) shared by router replicas: redis://HOST:PORT/DB, "
+        "rediss://..., unix:///path/redis.sock; none: this router's state is its own",
+    )
+    state_prefix: str = Field(
+        "cache-router",
+        min_length=1,
+        description="prefix of this fleet's Redis keys (several fleets can share one Redis)",
+    )
+    state_flush_interval_s: float = Field(
+        0.005, gt=0, le=1, description="how often bookings are batched out to the other replicas"
+    )
+    state_load_interval_s: float = Field(
+        0.02, gt=0, le=5, description="how often each replica publishes and reads the load"
+    )
+    state_load_ttl_s: float = Field(
+        2.0,
+        gt=0,
+        description="a replica's published load expires this long after its last update, so a "
+        "dead replica's load leaves the others' view",
+    )
+    reuse_port: bool = Field(
+        False,
+        description="bind the listening socket with SO_REUSEPORT so several router processes "
+        "share the port (--processes sets it for its children)",
+    )
     worker_header: bool = Field(True, description="add x-cache-router-worker: <url> to responses")
     log_level: str = Field("info", description="log level (debug, info, warning, error)")
     access_log: bool = Field(False, description="log every request (costs throughput)")
@@ -257,7 +300,19 @@ class Settings(BaseSettings):
                 f"radix_eviction must be one of {', '.join(EVICTION_POLICIES)}, "
                 f"not {self.radix_eviction!r}"
             )
+        if self.state_url is not None and not self.state_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ValueError(
+                f"state_url must be redis://, rediss:// or unix://, not {self.state_url!r}"
+            )
         return self
+
+    def process_count(self) -> int:
+        """``processes`` as a number: 'auto' is the cores this process may run on."""
+        if self.processes == "auto":
+            return max(1, len(os.sched_getaffinity(0)))
+        return int(self.processes)
 
     def capacity_for(self, url: str) -> int:
         """KV capacity (tokens) of the worker at ``url``."""

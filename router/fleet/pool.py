@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from router.cache.block_lru import BlockLRU
 from router.cache.feedback import reset_shadow
 from router.cache.kv_index import KVIndex
 from router.cache.radix_tree import RadixTree
-from router.cache.worker_state import WorkerState
+from router.cache.worker_state import Booking, WorkerState
 from router.cache.workload import PrefillRate
 from router.config import Settings, normalize_url
 from router.fleet.stats import PoolStats, WorkerStats
@@ -62,6 +62,9 @@ class Worker:
     stats: WorkerStats = field(default_factory=WorkerStats)
     truth: WorkerTruth = field(default_factory=WorkerTruth)  # its /metrics (worker_metrics.py)
     kv_events: Any = None  # its KVEventSubscriber (kv_events.py) in precise mode
+    # other router replicas' load on it (state_sync.py), included in ``state``'s counters:
+    # (requests, pending prefill tokens, decode tokens)
+    remote_load: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def healthy(self) -> bool:
@@ -75,6 +78,7 @@ class Worker:
             "url": self.url,
             "healthy": state.healthy,
             "num_requests": state.num_requests,
+            "remote_num_requests": self.remote_load[0],
             "pending_prefill_tokens": state.pending_prefill_tokens,
             "ongoing_decode_tokens": state.ongoing_decode_tokens,
             "pinned_blocks": state.blocks.pinned_blocks,
@@ -131,6 +135,8 @@ class WorkerPool:
         self.states: list[WorkerState] = []
         self.stats = PoolStats()
         self.picker = self._new_picker()
+        # called with every booking (router/fleet/state_sync.py shares them with other replicas)
+        self.on_book: Callable[[Worker, RequestFeatures, int], None] | None = None
         for url in settings.workers:
             self.add(url)
 
@@ -223,10 +229,16 @@ class WorkerPool:
         ):
             if request and not any(w.state.healthy for w in self.workers if w is not worker):
                 return
-            worker.state.healthy = False
-            worker.opened_at = time.monotonic()
-            worker.stats.count(worker.stats.circuit, "open")
-            log.warning("worker %s is out (circuit open): %s", worker.url, reason)
+            self.take_out(worker, reason)
+
+    def take_out(self, worker: Worker, reason: str) -> None:
+        """Open ``worker``'s circuit now (a probe success brings it back after its time)."""
+        if not worker.state.healthy:
+            return
+        worker.state.healthy = False
+        worker.opened_at = time.monotonic()
+        worker.stats.count(worker.stats.circuit, "open")
+        log.warning("worker %s is out (circuit open): %s", worker.url, reason)
 
     def record_success(self, worker: Worker) -> None:
         """A success: the failure count restarts; an open circuit closes after its time."""
@@ -258,6 +270,13 @@ class WorkerPool:
             views = [_Excluded(w.state) if w in exclude else w.state for w in self.workers]
         choice = self.picker.pick(request, views)
         return self.workers[choice.worker], choice
+
+    def book(self, worker: Worker, request: RequestFeatures, expected_output: int) -> Booking:
+        """Book ``request`` on ``worker`` (:meth:`WorkerState.book`) and tell ``on_book``."""
+        booking = worker.state.book(request, expected_output)
+        if self.on_book is not None:
+            self.on_book(worker, request, expected_output)
+        return booking
 
     def healthy_workers(self) -> list[Worker]:
         return [w for w in self.workers if w.state.healthy]

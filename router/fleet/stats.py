@@ -28,6 +28,27 @@ class WorkerStats:
 
 
 @dataclass
+class SyncStats:
+    """The state sync of router replicas (:mod:`router.fleet.state_sync`); off: ``enabled``
+    stays False and nothing is exported."""
+
+    enabled: bool = False
+    up: bool = False
+    replica: str = ""
+    peers: int = 0  # other live replicas seen at the last load read
+    lag_s: float = 0.0  # age of the last applied batch of another replica's bookings
+    published: dict[str, int] = field(default_factory=dict)  # kind -> count
+    applied: dict[str, int] = field(default_factory=dict)  # kind -> count
+    errors: dict[str, int] = field(default_factory=dict)  # operation -> failed calls
+    bad_entries: int = 0  # unreadable data found under the key prefix (ignored)
+    dropped: int = 0  # bookings dropped while Redis was unreachable (outbox full)
+    outages: int = 0  # transitions up -> down
+
+    def count(self, table: dict, key: str, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
+
+
+@dataclass
 class PoolStats:
     """Counters that belong to no worker."""
 
@@ -39,6 +60,7 @@ class PoolStats:
     connections: int = 0  # open client connections
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
     suspect: int = 0  # failed alike on several workers, nowhere served: not their fault
+    sync: SyncStats = field(default_factory=SyncStats)
 
     def count_rejected(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

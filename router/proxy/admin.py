@@ -105,6 +105,8 @@ def build_admin(app: RouterContext) -> FastAPI:
             "healthy_workers": healthy,
             "workers": len(pool.workers),
         }
+        if app.state_sync is not None:
+            body["state_sync"] = app.state_sync.describe()
         return _json(body, 200 if status == "ok" else 503)
 
     @api.get("/metrics")
@@ -130,6 +132,8 @@ def build_admin(app: RouterContext) -> FastAPI:
             err.status = status
             raise err from None
         app.health_checker.kick(worker)
+        if app.state_sync is not None:
+            app.state_sync.worker_added(worker)
         return _json(worker.describe(), 201)
 
     @api.delete("/workers")
@@ -142,6 +146,8 @@ def build_admin(app: RouterContext) -> FastAPI:
             raise NotFound(f"no worker {data['url']}", code="worker_not_found") from None
         except ValueError as exc:
             raise BadRequest(str(exc), code="invalid_url") from None
+        if app.state_sync is not None:
+            app.state_sync.worker_removed(worker.url)
         return _json(worker.describe())
 
     @api.get("/v1/models")

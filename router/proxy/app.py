@@ -20,6 +20,7 @@ from router.config import Settings
 from router.fleet.health import HealthChecker
 from router.fleet.kv_events import KVEventsManager
 from router.fleet.pool import WorkerPool
+from router.fleet.state_sync import StateSync
 from router.fleet.upstream import UpstreamError
 from router.fleet.worker_metrics import WorkerMetricsScraper
 from router.proxy.access import Need, Verdict
@@ -65,6 +66,13 @@ class RouterApp:
         # worker_metrics.py, router/fleet/kv_events.py
         self.worker_metrics = WorkerMetricsScraper(self.pool)
         self.kv_events = KVEventsManager(self.pool) if settings.kv_events else None
+        # scale-out: bookings, load, sessions and membership shared with other replicas
+        self.state_sync: StateSync | None = None
+        if settings.state_url is not None:
+            self.state_sync = StateSync(
+                self.pool, settings, on_worker_added=self.health_checker.kick
+            )
+            self.pool.on_book = self.state_sync.record
         self.admin = build_admin(self)
         mount_dashboard(self.admin, self)  # GET /dashboard: the live page
 
@@ -130,6 +138,8 @@ class RouterApp:
         self.worker_metrics.start()
         if self.kv_events is not None:
             await self.kv_events.start()
+        if self.state_sync is not None:
+            await self.state_sync.start()
         log.info(
             "cache-router: %d worker(s), policy %s, shadow %s, tokenizer %s",
             len(self.pool.workers),
@@ -150,6 +160,8 @@ class RouterApp:
         await self.worker_metrics.stop()
         if self.kv_events is not None:
             await self.kv_events.stop()
+        if self.state_sync is not None:
+            await self.state_sync.stop()
         self.pool.close()
 
     async def _lifespan(self, receive, send) -> None:

@@ -11,19 +11,21 @@ from typing import Protocol
 from router.config import Settings
 from router.fleet.health import HealthChecker
 from router.fleet.pool import WorkerPool
+from router.fleet.state_sync import StateSync
 from router.proxy.access import Access
 from router.proxy.metrics import RouterMetrics
 
 
 class RouterContext(Protocol):
-    """The running router: its settings, pool, metrics, access rules, health checks, and
-    whether it drains (set on SIGTERM by :mod:`router.proxy.server`)."""
+    """The running router: its settings, pool, metrics, access rules, health checks, state
+    sync, and whether it drains (set on SIGTERM by :mod:`router.proxy.server`)."""
 
     settings: Settings
     pool: WorkerPool
     metrics: RouterMetrics
     access: Access
     health_checker: HealthChecker
+    state_sync: StateSync | None  # with --state-url: what is shared with other replicas
     draining: bool
 
     async def __call__(self, scope, receive, send) -> None:

@@ -315,9 +315,9 @@ class Forwarder:
         self, ex: Exchange, worker: Worker, pick, send, final: bool
     ) -> RouterError | None:
         """One try on ``worker``; a RouterError to retry, None when the client was answered."""
-        state, stats = worker.state, worker.stats
+        stats = worker.stats
         features = ex.features
-        booking = state.book(features, ex.request.max_tokens)
+        booking = self.pool.book(worker, features, ex.request.max_tokens)
         booking.ttft_valid = ex.request.stream  # else the first byte is the whole answer
         stats.prompt_tokens += features.input_length
         stats.estimated_hit_tokens += pick.hit_tokens

@@ -47,6 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from router.fleet.pool import WorkerPool
+from router.fleet.stats import SyncStats
 
 PREFIX = "cache_router_"
 
@@ -283,6 +284,47 @@ class PoolCollector(Collector):
             failures,
         )
         yield from truth_metrics(workers)
+        if pool.stats.sync.enabled:
+            yield from sync_metrics(pool.stats.sync, workers)
+
+
+def sync_metrics(sync: SyncStats, workers: list) -> Iterator[Metric]:
+    """The state shared with other router replicas (``--state-url``, router/fleet/state_sync.py)."""
+
+    def family(kind, name: str, doc: str, labels: tuple[str, ...] = ()):
+        return kind(PREFIX + "state_sync_" + name, doc, labels=list(labels))
+
+    up = family(GaugeMetricFamily, "up", "1 while this replica trades state through Redis")
+    up.add_metric([], 1 if sync.up else 0)
+    peers = family(GaugeMetricFamily, "peers", "Other live router replicas seen")
+    peers.add_metric([], sync.peers)
+    lag = family(
+        GaugeMetricFamily, "lag_seconds", "Age of the last applied batch of others' bookings"
+    )
+    lag.add_metric([], sync.lag_s)
+    published = family(CounterMetricFamily, "published", "Items shared", ("kind",))
+    for kind, n in sync.published.items():
+        published.add_metric([kind], n)
+    applied = family(CounterMetricFamily, "applied", "Others' items applied here", ("kind",))
+    for kind, n in sync.applied.items():
+        applied.add_metric([kind], n)
+    errors = family(CounterMetricFamily, "errors", "Failed Redis calls", ("operation",))
+    for op, n in sync.errors.items():
+        errors.add_metric([op], n)
+    bad = family(CounterMetricFamily, "bad_entries", "Unreadable data under the prefix, skipped")
+    bad.add_metric([], sync.bad_entries)
+    dropped = family(CounterMetricFamily, "dropped", "Bookings dropped while Redis was unreachable")
+    dropped.add_metric([], sync.dropped)
+    outages = family(CounterMetricFamily, "outages", "Times the link to Redis went down")
+    outages.add_metric([], sync.outages)
+    remote = GaugeMetricFamily(
+        PREFIX + "worker_remote_in_flight",
+        "Requests other replicas have in flight on the worker (included in worker_in_flight)",
+        labels=["worker"],
+    )
+    for w in workers:
+        remote.add_metric([w.url], w.remote_load[0])
+    yield from (up, peers, lag, published, applied, errors, bad, dropped, outages, remote)
 
 
 def truth_metrics(workers: list) -> Iterator[Metric]:

@@ -1,0 +1,436 @@
+"""One view of the fleet for several router replicas, shared through Redis (``--state-url``).
+
+Each replica (a process of ``--processes N``, or a pod) keeps its own full router state and
+routes on it alone: Redis is never on a request's path. Beside it, this module trades what
+the others need to know, in the background:
+
+- **Bookings** (which worker got which prefix blocks, for which session): the hot path only
+  appends to a local outbox; every ``state_flush_interval_s`` (5 ms) the outbox goes out as
+  one msgpack batch on a capped Redis stream, and every replica applies the others' batches
+  to its block shadows (unpinned, most recently used), its session bindings (sticky,
+  unified, ttft) and the session footprints. Staleness: the flush interval plus one Redis
+  round trip (a few ms). The radix shadow stays per replica (the stream carries block hashes,
+  not tokens). A starting replica reads the stream's backlog first, so it starts warm.
+- **Load**: every ``state_load_interval_s`` (20 ms) each replica writes its own in-flight
+  requests, pending prefill and decode tokens per worker (and its view of their health) to
+  a hash that expires ``state_load_ttl_s`` (2 s) after its last write, and reads the
+  others'. Their sum is added to each worker's counters, so the pickers' load terms see the
+  whole fleet's load as of one interval ago, and a dead replica's load leaves the view
+  within the TTL. A peer taking a worker out opens the circuit here too.
+- **Membership**: POST/DELETE /workers on one replica writes the shared worker set; every
+  replica reconciles with it every 0.5 s. A starting replica adds its ``--worker`` flags to
+  the set; a set lost with Redis's data is re-seeded from the replicas' own lists.
+
+Faults never fail a request: when Redis is down or slow, each replica routes on its local
+view, says so (``/health``, a warning, ``cache_router_state_sync_up 0``, error counters),
+keeps a bounded outbox of bookings (``OUTBOX_MAX``, older ones dropped and counted), drops
+the others' load once it is older than the TTL, and catches up when Redis is back. Unreadable
+data under the key prefix is counted and skipped. Keys carry :data:`FORMAT` so another
+version's data is never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from array import array
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from policies.base import RequestFeatures
+from router.config import Settings, normalize_url
+from router.fleet.pool import Worker, WorkerPool
+
+log = logging.getLogger("cache_router.state_sync")
+
+FORMAT = 1  # in every key: bump when the encoding changes
+OUTBOX_MAX = 50_000  # bookings kept while Redis is unreachable
+STREAM_MAXLEN = 20_000  # booking batches kept in Redis (the backlog a new replica reads)
+READ_COUNT = 500  # batches per stream read
+READ_BLOCK_MS = 500  # a stream read waits this long for news
+MEMBERSHIP_INTERVAL_S = 0.5
+RETRY_S = 0.25  # pause of a loop after a failed Redis call
+CALL_TIMEOUT_S = 1.0  # a Redis call slower than this counts as a failure
+
+_ALIVE = b"_"  # a field every load hash has, so a replica without workers is seen alive
+
+Outgoing = tuple[str, Sequence[int], str | None, int]  # url, blocks, session, footprint tokens
+
+
+def _block_bytes(blocks: Sequence[int]) -> bytes:
+    tobytes = getattr(blocks, "tobytes", None)  # a numpy array of uint64 already is the wire
+    return tobytes() if tobytes is not None else array("Q", blocks).tobytes()
+
+
+class StateSync:
+    """This replica's side of the shared state (start / stop with the app)."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        settings: Settings,
+        *,
+        on_worker_added: Callable[[Worker], None] | None = None,
+        replica_id: str | None = None,
+    ) -> None:
+        if settings.state_url is None:
+            raise ValueError("state sync needs --state-url")
+        self.pool = pool
+        self.settings = settings
+        self.replica = replica_id or uuid.uuid4().hex[:12]
+        self.on_worker_added = on_worker_added
+        base = f"{settings.state_prefix}:v{FORMAT}"
+        self.stream_key = f"{base}:bookings"
+        self.workers_key = f"{base}:workers"
+        self.epoch_key = f"{base}:workers:epoch"
+        self.replicas_key = f"{base}:replicas"
+        self.load_prefix = f"{base}:load:"
+        self.stats = pool.stats.sync
+        self.stats.enabled = True
+        self.stats.replica = self.replica
+        self.outbox: deque[Outgoing] = deque()
+        self._membership_ops: list[tuple[str, str, bytes]] = []  # (hset|hdel, url, meta)
+        self._peer_health: dict[tuple[str, str], bool] = {}
+        self._last_load_read = 0.0
+        self._client: aioredis.Redis | None = None
+        self._reader: aioredis.Redis | None = None  # its own connection for blocking reads
+        self._tasks: list[asyncio.Task] = []
+        self._last_id = b"0"  # the stream read from its start: a new replica starts warm
+
+    # ---- the hot path --------------------------------------------------------------------
+
+    def record(self, worker: Worker, request: RequestFeatures, expected_output: int) -> None:
+        """A booking to share (``WorkerPool.on_book``): one append, nothing else."""
+        outbox = self.outbox
+        if len(outbox) >= OUTBOX_MAX:
+            outbox.popleft()
+            self.stats.dropped += 1
+        outbox.append(
+            (
+                worker.url,
+                request.blocks,
+                request.session_id,
+                request.input_length + expected_output,
+            )
+        )
+
+    # ---- membership changes made here (admin API) ----------------------------------------
+
+    def worker_added(self, worker: Worker) -> None:
+        self._membership_ops.append(("hset", worker.url, self._meta(worker.capacity_tokens)))
+
+    def worker_removed(self, url: str) -> None:
+        self._membership_ops.append(("hdel", url, b""))
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect and start the loops; a Redis that is down now only delays sharing."""
+        url = self.settings.state_url
+        assert url is not None
+        self._client = aioredis.from_url(
+            url, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S
+        )
+        self._reader = aioredis.from_url(
+            url,
+            socket_timeout=CALL_TIMEOUT_S + READ_BLOCK_MS / 1000,
+            socket_connect_timeout=CALL_TIMEOUT_S,
+        )
+        for url in self.settings.workers:  # this replica's flags join the shared set
+            worker = self.pool.get(url)
+            if worker is not None:
+                self.worker_added(worker)
+        self._tasks = [
+            asyncio.create_task(self._flush_loop(), name="state-sync-flush"),
+            asyncio.create_task(self._read_loop(), name="state-sync-read"),
+            asyncio.create_task(self._load_loop(), name="state-sync-load"),
+        ]
+        log.info("state sync: replica %s on %s", self.replica, self.settings.state_prefix)
+
+    async def stop(self) -> None:
+        """Stop the loops; a last flush, and this replica's load leaves at once (bounded)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        client = self._client
+        if client is not None:
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT_S):
+                    await self._flush()
+                    await client.delete(self.load_prefix + self.replica)
+                    await client.srem(self.replicas_key, self.replica)
+            except (RedisError, OSError, TimeoutError):
+                pass
+        for c in (self._client, self._reader):
+            if c is not None:
+                await c.aclose()
+        self._client = self._reader = None
+
+    def describe(self) -> dict[str, Any]:
+        """The ``/health`` detail."""
+        s = self.stats
+        return {
+            "up": s.up,
+            "replica": s.replica,
+            "peers": s.peers,
+            "lag_ms": round(s.lag_s * 1000, 3),
+            "outbox": len(self.outbox),
+            "dropped": s.dropped,
+            "errors": sum(s.errors.values()),
+            "bad_entries": s.bad_entries,
+        }
+
+    # ---- health of the link --------------------------------------------------------------
+
+    def _ok(self) -> None:
+        if not self.stats.up:
+            self.stats.up = True
+            log.warning("state sync up: sharing with the other replicas (%s)", self.replica)
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        self.stats.count(self.stats.errors, op)
+        if self.stats.up:
+            self.stats.up = False
+            self.stats.outages += 1
+            log.warning(
+                "state sync down (%s: %s): routing on this replica's own view until Redis "
+                "answers again",
+                op,
+                exc or type(exc).__name__,
+            )
+
+    async def _loop(self, op: str, step: Callable[[], Any], interval: float) -> None:
+        """Run ``step`` forever, every ``interval`` (after a failure: at least RETRY_S)."""
+        while True:
+            pause = interval
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT_S + READ_BLOCK_MS / 1000):
+                    await step()
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError, TimeoutError) as exc:
+                self._failed(op, exc)
+                pause = max(interval, RETRY_S)
+            await asyncio.sleep(pause)
+
+    # ---- bookings ------------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        await self._loop("publish", self._flush, self.settings.state_flush_interval_s)
+
+    async def _flush(self) -> None:
+        batch = self.outbox
+        if not batch or self._client is None:
+            return
+        self.outbox = deque()
+        entries = [(url, _block_bytes(blocks), sid, n) for url, blocks, sid, n in batch]
+        payload = msgspec.msgpack.encode({"r": self.replica, "t": time.time(), "e": entries})
+        try:
+            await self._client.xadd(
+                self.stream_key, {b"d": payload}, maxlen=STREAM_MAXLEN, approximate=True
+            )
+        except BaseException:  # not sent: back in front of what came meanwhile, bounded
+            batch.extend(self.outbox)
+            while len(batch) > OUTBOX_MAX:
+                batch.popleft()
+                self.stats.dropped += 1
+            self.outbox = batch
+            raise
+        self.stats.count(self.stats.published, "bookings", len(batch))
+        self._ok()
+
+    async def _read_loop(self) -> None:
+        await self._loop("read", self._read, 0)
+
+    async def _read(self) -> None:
+        reader = self._reader
+        assert reader is not None
+        reply = await reader.xread({self.stream_key: self._last_id}, READ_COUNT, READ_BLOCK_MS)
+        self._ok()
+        for _key, entries in reply or ():
+            for entry_id, fields in entries:
+                self._last_id = entry_id
+                self._apply_bookings(fields)
+
+    def _apply_bookings(self, fields: dict) -> None:
+        """Another replica's batch: blocks into the shadows, sessions bound."""
+        try:
+            batch = msgspec.msgpack.decode(fields[b"d"])
+            replica, sent, entries = batch["r"], float(batch["t"]), batch["e"]
+            if replica == self.replica:
+                return
+            decoded = [
+                (str(url), array("Q", blocks), sid, int(tokens))
+                for url, blocks, sid, tokens in entries
+            ]
+        except (KeyError, TypeError, ValueError, msgspec.DecodeError):
+            self.stats.bad_entries += 1
+            return
+        workers = {w.url: (i, w) for i, w in enumerate(self.pool.workers)}
+        sessions = getattr(self.pool.picker, "sessions", None)
+        now = time.monotonic()
+        applied = 0
+        for url, blocks, sid, tokens in decoded:
+            found = workers.get(url)
+            if found is None:
+                continue  # a worker this replica does not have (yet)
+            index, worker = found
+            worker.state.blocks.insert(blocks)
+            if isinstance(sid, str):
+                worker.state.footprint.touch(sid, tokens, now)
+                if sessions is not None:
+                    sessions.bind(sid, index)
+            applied += 1
+        self.stats.count(self.stats.applied, "bookings", applied)
+        self.stats.lag_s = max(0.0, time.time() - sent)
+
+    # ---- load, health and membership -----------------------------------------------------
+
+    async def _load_loop(self) -> None:
+        self._next_membership = 0.0
+        await self._loop("load", self._load, self.settings.state_load_interval_s)
+
+    async def _load(self) -> None:
+        client = self._client
+        assert client is not None
+        try:
+            await self._exchange_load(client)
+        finally:
+            if time.monotonic() - self._last_load_read > self.settings.state_load_ttl_s:
+                self._apply_remote_load({})  # too old to trust: route on the local load
+        if time.monotonic() >= self._next_membership:
+            await self._reconcile_membership(client)
+            self._next_membership = time.monotonic() + MEMBERSHIP_INTERVAL_S
+
+    async def _exchange_load(self, client: aioredis.Redis) -> None:
+        own = self.load_prefix + self.replica
+        mine: dict[bytes, bytes] = {_ALIVE: b"1"}
+        for w in self.pool.workers:
+            st, (rn, rp, rd) = w.state, w.remote_load
+            local = (st.num_requests - rn, st.pending_prefill_tokens - rp)
+            mine[w.url.encode()] = b"%d %d %d %d" % (
+                *local,
+                st.ongoing_decode_tokens - rd,
+                st.healthy,
+            )
+        ttl_ms = int(self.settings.state_load_ttl_s * 1000)
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.delete(own).hset(own, mapping=mine).pexpire(own, ttl_ms)
+            pipe.sadd(self.replicas_key, self.replica).smembers(self.replicas_key)
+            *_, members = await pipe.execute()
+        peers = sorted(m for m in members if m != self.replica.encode())
+        async with client.pipeline(transaction=False) as pipe:
+            for peer in peers:
+                pipe.hgetall(self.load_prefix + peer.decode(errors="replace"))
+            loads = await pipe.execute() if peers else []
+        self._last_load_read = time.monotonic()
+        self._ok()
+        totals: dict[str, list[int]] = {}
+        dead = []
+        for peer, load in zip(peers, loads, strict=True):
+            if not load:
+                dead.append(peer)
+                continue
+            self._add_peer_load(peer.decode(errors="replace"), load, totals)
+        self.stats.peers = len(peers) - len(dead)
+        if dead:
+            await client.srem(self.replicas_key, *dead)
+            gone = {peer.decode(errors="replace") for peer in dead}
+            self._peer_health = {k: v for k, v in self._peer_health.items() if k[0] not in gone}
+        self._apply_remote_load(totals)
+
+    def _add_peer_load(self, peer: str, load: dict, totals: dict[str, list[int]]) -> None:
+        for key, value in load.items():
+            if key == _ALIVE:
+                continue
+            try:
+                url = key.decode()
+                n, p, d, healthy = (int(x) for x in value.split())
+            except (UnicodeDecodeError, ValueError):
+                self.stats.bad_entries += 1
+                continue
+            total = totals.setdefault(url, [0, 0, 0])
+            total[0] += max(0, n)
+            total[1] += max(0, p)
+            total[2] += max(0, d)
+            was = self._peer_health.get((peer, url), True)
+            self._peer_health[(peer, url)] = bool(healthy)
+            if was and not healthy:  # the peer just took it out: so do we
+                worker = self.pool.get(url)
+                if worker is not None:
+                    self.pool.take_out(worker, f"router replica {peer} took it out")
+
+    def _apply_remote_load(self, totals: dict[str, list[int]]) -> None:
+        """Swap each worker's previous remote load for ``totals`` in its counters."""
+        for w in self.pool.workers:
+            n, p, d = totals.get(w.url, (0, 0, 0))
+            rn, rp, rd = w.remote_load
+            if (n, p, d) == (rn, rp, rd):
+                continue
+            st = w.state
+            st.num_requests += n - rn
+            st.pending_prefill_tokens += p - rp
+            st.ongoing_decode_tokens += d - rd
+            w.remote_load = (n, p, d)
+
+    async def _reconcile_membership(self, client: aioredis.Redis) -> None:
+        """Seed a missing set with ours, push this replica's changes, follow the set."""
+        seed = [x for w in self.pool.workers for x in (w.url, self._meta(w.capacity_tokens))]
+        ops, self._membership_ops = self._membership_ops, []
+        try:
+            await client.eval(_SEED_SCRIPT, 2, self.epoch_key, self.workers_key, *seed)
+            async with client.pipeline(transaction=True) as pipe:
+                for op, url, meta in ops:
+                    if op == "hset":
+                        pipe.hset(self.workers_key, url, meta)
+                    else:
+                        pipe.hdel(self.workers_key, url)
+                pipe.hgetall(self.workers_key)
+                *_, shared = await pipe.execute()
+        except BaseException:
+            self._membership_ops = ops + self._membership_ops  # retried next time
+            raise
+        wanted: dict[str, int | None] = {}
+        for key, meta in shared.items():
+            try:
+                url = normalize_url(key.decode())
+                capacity = orjson.loads(meta).get("kv_capacity_tokens")
+            except (UnicodeDecodeError, ValueError, AttributeError):
+                self.stats.bad_entries += 1
+                continue
+            wanted[url] = capacity if isinstance(capacity, int) and capacity > 0 else None
+        for w in list(self.pool.workers):
+            if w.url not in wanted:
+                self.pool.remove(w.url)
+                self.stats.count(self.stats.applied, "membership")
+        for url, capacity in wanted.items():
+            if self.pool.get(url) is None:
+                worker = self.pool.add(url, capacity)
+                self.stats.count(self.stats.applied, "membership")
+                if self.on_worker_added is not None:
+                    self.on_worker_added(worker)
+
+    @staticmethod
+    def _meta(capacity_tokens: int) -> bytes:
+        return orjson.dumps({"kv_capacity_tokens": capacity_tokens})
+
+
+# The shared worker set exists once the epoch key does; a Redis that lost its data (or a
+# first replica) has neither, and the caller's own workers seed it, atomically, so no replica
+# ever reads an empty set as "every worker was removed".
+_SEED_SCRIPT = """
+if redis.call('SET', KEYS[1], '1', 'NX') then
+  for i = 1, #ARGV, 2 do redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) end
+  return 1
+end
+return 0
+"""
