@@ -6,7 +6,10 @@ sockets and follows the pool's membership.
 
 Endpoints. For ``endpoint: tcp://HOST:PORT`` vLLM *connects* its PUB socket, so the router
 *binds* one SUB socket per worker, on ``kv_events_bind_host`` at the worker's port +
-``kv_events_port_offset``. With ``replay_endpoint`` set vLLM binds a ROUTER socket that resends
+``kv_events_port_offset``; that admits one router. With ``kv_events_connect`` the direction is
+vLLM's default one (``endpoint: tcp://*:PORT``: the worker binds its publisher) and the router
+*connects* its SUB socket to the worker's host at that port, so every router replica can
+subscribe to the same worker. With ``replay_endpoint`` set vLLM binds a ROUTER socket that resends
 buffered batches from a given ``seq``; the router asks it at the worker's host, port +
 ``kv_events_replay_offset`` (0: no replay).
 
@@ -37,26 +40,33 @@ from router.fleet.pool import Worker, WorkerPool
 log = logging.getLogger("cache_router.kv_events")
 
 
-def endpoints(url: str, bind_host: str, port_offset: int, replay_offset: int) -> tuple[str, str]:
-    """(SUB bind endpoint, replay endpoint or "") for the worker at ``url``."""
+def endpoints(
+    url: str, bind_host: str, port_offset: int, replay_offset: int, connect: bool = False
+) -> tuple[str, str]:
+    """(SUB endpoint, replay endpoint or "") for the worker at ``url``; the SUB endpoint is
+    bound here, or with ``connect`` the worker's own publisher to connect to."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     host = parts.hostname or "127.0.0.1"
-    bind = f"tcp://{bind_host}:{port + port_offset}"
+    bind = f"tcp://{host if connect else bind_host}:{port + port_offset}"
     replay = f"tcp://{host}:{port + replay_offset}" if replay_offset else ""
     return bind, replay
 
 
 class KVEventSubscriber:
-    """One worker's SUB socket (bound), replay requests, and its :class:`KVEventFeed`."""
+    """One worker's SUB socket (bound, or connected to the worker's publisher), replay
+    requests, and its :class:`KVEventFeed`."""
 
-    def __init__(self, ctx: Any, worker: Worker, bind: str, replay: str) -> None:
+    def __init__(
+        self, ctx: Any, worker: Worker, bind: str, replay: str, connect: bool = False
+    ) -> None:
         index = worker.state.kv_index
         if index is None:
             raise ValueError("the worker has no KV index (kv_events is off)")
         self.ctx = ctx
         self.worker = worker
         self.bind = bind
+        self.connect = connect
         self.replay_endpoint = replay
         self.feed = KVEventFeed(index)
         self.connected = 0  # publishers connected (socket monitor)
@@ -94,7 +104,10 @@ class KVEventSubscriber:
         # 100 ms and must not complete its handshake unseen
         monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         try:
-            sub.bind(self.bind)
+            if self.connect:
+                sub.connect(self.bind)
+            else:
+                sub.bind(self.bind)
         except zmq.ZMQError:
             sub.disable_monitor()
             monitor.close(0)
@@ -208,6 +221,7 @@ class KVEventsManager:
         self.bind_host = s.kv_events_bind_host
         self.port_offset = s.kv_events_port_offset
         self.replay_offset = s.kv_events_replay_offset
+        self.connect = s.kv_events_connect
         self.subscribers: dict[str, KVEventSubscriber] = {}
         self._bind_failed: set[str] = set()
         self._ctx: Any = None
@@ -231,8 +245,10 @@ class KVEventsManager:
                 await old.stop()
             if url in self.subscribers or worker.state.kv_index is None:
                 continue
-            bind, replay = endpoints(url, self.bind_host, self.port_offset, self.replay_offset)
-            sub = KVEventSubscriber(self._ctx, worker, bind, replay)
+            bind, replay = endpoints(
+                url, self.bind_host, self.port_offset, self.replay_offset, self.connect
+            )
+            sub = KVEventSubscriber(self._ctx, worker, bind, replay, self.connect)
             try:
                 sub.start()
             except Exception as exc:  # port taken, bad address: the estimate, and retries
@@ -245,7 +261,8 @@ class KVEventsManager:
             self._bind_failed.discard(url)
             self.subscribers[url] = sub
             worker.kv_events = sub
-            log.info("kv events for %s: bound %s (replay %s)", url, bind, replay or "off")
+            how = "connected to" if self.connect else "bound"
+            log.info("kv events for %s: %s %s (replay %s)", url, how, bind, replay or "off")
 
     async def _run(self) -> None:
         await periodic.every(self.RECONCILE_S, self.reconcile, log, "kv events reconcile")

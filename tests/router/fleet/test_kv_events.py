@@ -341,11 +341,15 @@ def test_worker_block_size_makes_estimates_whole_worker_blocks() -> None:
 
 
 class FakePublisher:
-    """vLLM's ZmqEventPublisher in miniature: PUB connects to the router, ROUTER replays."""
+    """vLLM's ZmqEventPublisher in miniature: PUB connects to the router (or, ``bind``: binds,
+    vLLM's default), ROUTER replays."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, pub: str, replay: str) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, pub: str, replay: str, bind: bool = False) -> None:
         self.pub = ctx.socket(zmq.PUB)
-        self.pub.connect(pub)
+        if bind:
+            self.pub.bind(pub)
+        else:
+            self.pub.connect(pub)
         self.replay = ctx.socket(zmq.ROUTER)
         self.replay.bind(replay)
         self.buffer: list[tuple[int, bytes]] = []
@@ -421,6 +425,10 @@ def test_endpoints_follow_the_worker_port() -> None:
         "tcp://10.0.0.5:8500",
     )
     assert endpoints("http://w:8000", "127.0.0.1", 400, 0)[1] == ""
+    # connect: the worker binds its publisher, the router connects to the worker's host
+    assert endpoints("http://10.0.0.5:8000", "0.0.0.0", 400, 500, connect=True)[0] == (
+        "tcp://10.0.0.5:8400"
+    )
 
 
 async def wait_for(predicate, timeout: float = 5.0) -> bool:
@@ -511,5 +519,40 @@ async def test_manager_without_replay_falls_back_then_resyncs_on_clear() -> None
         assert not index.synced and sub.feed.last_seq is None
     finally:
         await manager.stop()
+        await publisher.close()
+        ctx.destroy(linger=0)
+
+
+async def test_several_routers_connect_to_one_publisher_that_binds() -> None:
+    """vLLM's default direction (the worker binds, routers connect): two router replicas
+    subscribe to the same worker, and both indexes follow its events."""
+    from router.config import load_settings
+    from router.fleet.pool import WorkerPool
+
+    port = free_port_pair()
+    url = f"http://127.0.0.1:{port}"
+    ctx = zmq.asyncio.Context()
+    publisher = FakePublisher(
+        ctx, f"tcp://127.0.0.1:{port + 400}", f"tcp://127.0.0.1:{port + 500}", bind=True
+    )
+    await publisher.publish([stored(toks(64, 100), None, 1)], send=False)  # before the routers
+    settings = load_settings(workers=[url], kv_events=True, kv_events_connect=True)
+    managers = [KVEventsManager(WorkerPool(settings)) for _ in range(2)]
+    try:
+        for manager in managers:
+            await manager.start()
+        indexes = [m.pool.workers[0].state.kv_index for m in managers]
+        assert await wait_for(lambda: all(i.synced and len(i) == 2 for i in indexes))
+        assert await wait_for(lambda: all(m.subscriber(url).connected for m in managers))
+        await asyncio.sleep(0.2)  # let both subscriptions reach the publisher
+        await publisher.publish([stored(toks(64, 300), None, 3)])
+        assert await wait_for(lambda: all(len(i) == 4 for i in indexes))
+        assert all(
+            m.subscriber(url).describe()["endpoint"] == f"tcp://127.0.0.1:{port + 400}"
+            for m in managers
+        )
+    finally:
+        for manager in managers:
+            await manager.stop()
         await publisher.close()
         ctx.destroy(linger=0)
