@@ -28,6 +28,11 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="cache-router" \
       org.opencontainers.image.description="Cache-aware request router for LLM inference (vLLM / SGLang workers)" \
       org.opencontainers.image.licenses="Apache-2.0"
+# redis-server: `serve --processes N` without --state-url starts a private one on a unix socket
+# (router/proxy/supervisor.py); with --state-url it is not used.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends redis-server=5:7.0.* \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 cache-router \
     && useradd --system --uid 10001 --gid cache-router --no-create-home \
        --home-dir /nonexistent --shell /usr/sbin/nologin cache-router

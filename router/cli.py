@@ -51,6 +51,7 @@ def _command_modules() -> list:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # serve --processes re-runs it
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -250,6 +250,11 @@ class Settings(BaseSettings):
         "/dashboard/data too (/health stays open)",
     )
 
+    @field_validator("processes", mode="before")
+    @classmethod
+    def _processes_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
     @field_validator("workers", "api_keys", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:

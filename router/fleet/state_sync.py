@@ -194,7 +194,8 @@ class StateSync:
     def _ok(self) -> None:
         if not self.stats.up:
             self.stats.up = True
-            log.warning("state sync up: sharing with the other replicas (%s)", self.replica)
+            level = logging.WARNING if self.stats.outages else logging.INFO  # back after one
+            log.log(level, "state sync up: sharing with the other replicas (%s)", self.replica)
 
     def _failed(self, op: str, exc: BaseException) -> None:
         self.stats.count(self.stats.errors, op)

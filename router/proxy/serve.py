@@ -99,6 +99,10 @@ def main(args: argparse.Namespace) -> int:
             "cache-router serve: no workers yet (add some with --worker URL or POST /workers)",
             file=sys.stderr,
         )
+    if settings.process_count() > 1:
+        from router.proxy.supervisor import main_processes
+
+        return main_processes(settings, getattr(args, "argv", None) or sys.argv[1:])
     run(settings)
     return 0
 
@@ -123,9 +127,14 @@ def run(settings: Settings) -> None:
         loop = "asyncio"
     app = create_app(settings)
     config = build_config(app, settings, loop=loop)
+    sockets = None
+    if settings.reuse_port:  # one of several processes on this port (--processes)
+        from router.proxy.supervisor import listening_socket
+
+        sockets = [listening_socket(settings.host, settings.port, config.backlog)]
     _raise_fd_limit(settings)
     _tune_gc()
-    serve(app, config)
+    serve(app, config, sockets)
 
 
 def _raise_fd_limit(settings: Settings) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from typing import Any
 
 import uvicorn
@@ -270,7 +271,9 @@ def build_config(app: RouterContext, settings: Settings, **overrides: Any) -> uv
     return uvicorn.Config(app, **values)
 
 
-def serve(app: RouterContext, config: uvicorn.Config) -> None:
+def serve(
+    app: RouterContext, config: uvicorn.Config, sockets: list[socket.socket] | None = None
+) -> None:
     """Run until SIGTERM / SIGINT, drain, and return (so the process exits 0).
 
     uvicorn restores the signal handlers it found and then re-raises the signal it caught;
@@ -279,7 +282,7 @@ def serve(app: RouterContext, config: uvicorn.Config) -> None:
     """
     previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        Server(config, app).run()
+        Server(config, app).run(sockets=sockets)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import compose
 import pytest
@@ -137,7 +138,7 @@ def test_k8s_worker_list_matches_the_statefulset(folder: str, tmp_path: Path) ->
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_name"]
     assert [relabel["replacement"].replace("${1}", f"{name}-{i}") for i in range(2)] == expected[:2]
 
-    (deployment,) = by_kind["Deployment"]
+    deployment = next(d for d in by_kind["Deployment"] if d["metadata"]["name"] == "cache-router")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/etc/cache-router")
@@ -148,6 +149,25 @@ def test_k8s_worker_list_matches_the_statefulset(folder: str, tmp_path: Path) ->
     worker = sts["spec"]["template"]["spec"]["containers"][0]
     assert worker["readinessProbe"]["httpGet"]["path"] == "/health"
     assert worker["resources"]["requests"]
+
+    # scale-out: 2+ replicas sharing the Redis Service, a disruption budget that keeps one
+    assert deployment["spec"]["replicas"] >= 2
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    host = urlsplit(env["CACHE_ROUTER_STATE_URL"]).hostname
+    redis_svc = next(s for s in by_kind["Service"] if s["metadata"]["name"] == host)
+    state_url = f"redis://{host}:{redis_svc['spec']['ports'][0]['port']}/0"
+    assert env["CACHE_ROUTER_STATE_URL"] == state_url
+    assert load_settings(settings_file, state_url=state_url).state_url == state_url
+    redis = next(d for d in by_kind["Deployment"] if d["metadata"]["name"] != "cache-router")
+    labels = redis["spec"]["template"]["metadata"]["labels"]
+    assert redis_svc["spec"]["selector"].items() <= labels.items()
+    (pdb,) = by_kind["PodDisruptionBudget"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels(deployment).items()
+
+
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]
 
 
 def test_kustomization_lists_every_manifest() -> None:

@@ -1,7 +1,8 @@
 """Every metric the Grafana dashboard queries exists where Prometheus scrapes it.
 
 A simulated worker and ``cache-router serve`` in front of it run on 127.0.0.1 (the
-processes of :mod:`traces.fleet`); a few completions go through the router so that the
+processes of :mod:`traces.fleet`), the router with ``--state-url`` on a real redis-server so
+the scale-out series exist too; a few completions go through the router so that the
 labelled series exist; both ``/metrics`` pages are parsed with prometheus_client's parser.
 Every PromQL expression of deploy/grafana/dashboards/cache-router.json (panel targets and
 template variables) is parsed with a real PromQL parser, and each metric it selects must be
@@ -14,6 +15,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +30,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from traces.fleet import HOST, Service, free_port, start_service
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
+from scale_support import RedisServer
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "dashboards" / "cache-router.json"
 
@@ -42,6 +49,7 @@ FAILURE_ONLY = {
     "cache_router_upstream_errors_total",
     "cache_router_shadow_corrections_total",
     "cache_router_tokenize_total",
+    "cache_router_state_sync_errors_total",
 }
 RATE_FUNCTIONS = {"rate", "irate", "increase"}
 SUFFIXES = {
@@ -172,6 +180,7 @@ class Scrapes:
 def scrapes() -> Iterator[Scrapes]:
     """A sim worker and a router on 127.0.0.1 after a few requests; both /metrics parsed."""
     started: list[Service] = []
+    redis = RedisServer(Path(tempfile.mkdtemp(prefix="grafana-redis-"))).start()
     try:
         wport = free_port()
         worker = start_service(
@@ -185,7 +194,7 @@ def scrapes() -> Iterator[Scrapes]:
         router = start_service(
             "router",
             ["serve", "--host", HOST, "--port", str(rport), "--worker", worker.url,
-             "--log-level", "warning"],
+             "--log-level", "warning", "--state-url", redis.url],
             rport,
             timeout_s=60,
         )  # fmt: skip
@@ -217,6 +226,8 @@ def scrapes() -> Iterator[Scrapes]:
     finally:
         for service in reversed(started):
             service.stop()
+        redis.stop()
+        shutil.rmtree(redis.folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

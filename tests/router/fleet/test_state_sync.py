@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from redis_support import RedisServer
+from scale_support import RedisServer
 
 from policies.base import RequestFeatures
 from router.cache.block_hash import hash_blocks, token_bytes
