@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from array import array
@@ -181,6 +182,7 @@ class StateSync:
         return {
             "up": s.up,
             "replica": s.replica,
+            "pid": os.getpid(),
             "peers": s.peers,
             "lag_ms": round(s.lag_s * 1000, 3),
             "outbox": len(self.outbox),

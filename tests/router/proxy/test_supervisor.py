@@ -1,0 +1,105 @@
+"""``serve --processes N`` (router/proxy/supervisor.py): real child processes on one port with a
+private redis-server; a killed child is restarted; SIGTERM drains all and exits 0; setups
+that cannot work are refused with a clear message before anything starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from scale_support import need
+
+from router.config import load_settings
+from traces.fleet import HOST, free_port, start_service
+
+
+def serve_cmd(port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "router.cli", "serve", "--host", HOST, "--port", str(port),
+            "--log-level", "warning", *extra]  # fmt: skip
+
+
+def pids_behind(url: str, want: int, timeout: float = 20.0) -> set[int]:
+    """The child PIDs answering at ``url`` (new connections spread over them), up to ``want``."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < want and time.monotonic() < deadline:
+        try:
+            with httpx.Client(timeout=2) as client:  # a new connection each time
+                seen.add(client.get(url + "/health").json()["state_sync"]["pid"])
+        except (httpx.HTTPError, KeyError, ValueError):
+            time.sleep(0.05)
+    return seen
+
+
+def test_children_share_the_port_restart_when_killed_and_drain_on_sigterm(fake_workers):
+    need("redis-server")
+    (worker,) = fake_workers(1)
+    port = free_port()
+    service = start_service(
+        "processes",
+        ["serve", "--host", HOST, "--port", str(port), "--worker", worker.url,
+         "--processes", "2", "--log-level", "warning"],
+        port,
+    )  # fmt: skip
+    try:
+        first = pids_behind(service.url, 2)
+        assert len(first) == 2 and service.process.pid not in first
+        health = httpx.get(service.url + "/health", timeout=5).json()
+        assert health["state_sync"]["up"] and health["state_sync"]["peers"] == 1
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        now: set[int] = set()
+        while time.monotonic() < deadline:
+            now = pids_behind(service.url, 2, timeout=5)
+            if len(now) == 2 and victim not in now:
+                break
+        assert len(now) == 2 and victim not in now and (now & first)
+        body = {"model": "m", "prompt": "hello", "max_tokens": 2}
+        for _ in range(6):  # every child serves
+            with httpx.Client(timeout=10) as client:
+                assert client.post(service.url + "/v1/completions", json=body).status_code == 200
+        service.process.send_signal(signal.SIGTERM)
+        assert service.process.wait(30) == 0
+        for pid in now:  # the children are gone too
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--processes", "2", "--port", "0"], "fixed --port"),
+        (["--processes", "2", "--kv-events"], "--kv-events-connect"),
+        (["--processes", "0"], "processes"),
+    ],
+)
+def test_setups_that_cannot_work_are_refused(extra, message):
+    cmd = serve_cmd(free_port(), "--worker", "http://127.0.0.1:9", *extra)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_without_redis_server_the_error_names_the_package(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}  # no redis-server on this PATH
+    cmd = serve_cmd(free_port(), "--worker", "http://127.0.0.1:9", "--processes", "2")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2
+    assert "apt-get install redis-server" in done.stderr and "--state-url" in done.stderr
+
+
+def test_processes_auto_is_the_usable_cores():
+    settings = load_settings(processes="auto")
+    assert settings.process_count() == len(os.sched_getaffinity(0))
+    assert load_settings(processes=3).process_count() == 3
