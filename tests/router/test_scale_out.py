@@ -246,24 +246,53 @@ def test_redis_stopped_mid_replay_fails_nothing_and_sharing_resumes(workers, red
     assert (errors or 0) > 0 and (applied_after or 0) > (applied_before or 0)
 
 
+def alternate_turns(a: Service, b: Service, session: str) -> list[str]:
+    """A session's 6 turns sent to a, b, a, ...; the worker each landed on. Before them b
+    starts a long request (no session) on its first worker, so b's view of the load differs
+    from a's unless they share it."""
+    busy = threading.Thread(
+        target=lambda: httpx.post(
+            b.url + "/v1/completions",
+            json={"model": "sim-model", "prompt": "busy " * 50, "max_tokens": 4000},
+            timeout=120,
+        ),
+        daemon=True,
+    )
+    busy.start()
+    deadline = time.monotonic() + 10
+    while not any(w["num_requests"] for w in httpx.get(b.url + "/workers", timeout=5).json()):
+        assert time.monotonic() < deadline, "the long request never started"
+        time.sleep(0.02)
+    time.sleep(0.1)  # a few load intervals: a sees it too when they share
+    chosen = []
+    history = "You are a helpful assistant. " * 40
+    for turn in range(6):
+        history += f" Turn {turn}: tell me more about the number {turn * 7919}."
+        reply = httpx.post(
+            (a, b)[turn % 2].url + "/v1/completions",
+            json={"model": "sim-model", "prompt": history, "max_tokens": 4},
+            headers={"X-Session-ID": session},
+            timeout=30,
+        )
+        assert reply.status_code == 200, reply.text
+        chosen.append(reply.headers["x-cache-router-worker"])
+        time.sleep(0.05)  # a user's next turn comes later than one sync flush (5 ms)
+    return chosen
+
+
 def test_a_sticky_sessions_turns_alternating_replicas_land_on_one_worker(workers, redis):
-    a = router(workers, "--state-url", redis.url, "--policy", "sticky", name="a")
-    b = router(workers, "--state-url", redis.url, "--policy", "sticky", name="b")
+    quick = ["--policy", "sticky", "--shutdown-timeout-s", "1"]  # the long request is cut
+    a = router(workers, "--state-url", redis.url, *quick, name="a")
+    b = router(workers, "--state-url", redis.url, *quick, name="b")
     try:
-        chosen = []
-        history = "You are a helpful assistant. " * 40
-        for turn in range(6):
-            history += f" Turn {turn}: tell me more about the number {turn * 7919}."
-            target = (a, b)[turn % 2]
-            reply = httpx.post(
-                target.url + "/v1/completions",
-                json={"model": "sim", "prompt": history, "max_tokens": 4},
-                headers={"X-Session-ID": "alternating"},
-                timeout=30,
-            )
-            assert reply.status_code == 200, reply.text
-            chosen.append(reply.headers["x-cache-router-worker"])
-            time.sleep(0.05)  # a user's next turn comes later than one sync flush (5 ms)
+        shared = alternate_turns(a, b, "alternating")
     finally:
         stop(a, b)
-    assert len(set(chosen)) == 1, chosen
+    assert len(set(shared)) == 1, shared
+    # the same without sharing: each replica binds the session where its own view says
+    a, b = router(workers, *quick, name="a"), router(workers, *quick, name="b")
+    try:
+        alone = alternate_turns(a, b, "alternating-alone")
+    finally:
+        stop(a, b)
+    assert len(set(alone)) == 2, alone
