@@ -108,6 +108,7 @@ peer() { # name cores matrix targets custom_cmd
   echo "PROCS=${PROCS# } CONCS=$CONCS SHARE_CONCS=$SHARE_CONCS DUR=$DUR NWORK=$NWORK WRK_THREADS=${WRK_THREADS:-1}"
   echo "PEER_BENCH=$PEER_BENCH ROUTER_BIN=$ROUTER_BIN REDIS_SERVER=$REDIS_SERVER WORK=$WORK"
   echo "redis-server: $("$REDIS_SERVER" --version 2>&1 | head -1)"
+  echo "sglang-router $("$WORK/venv/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang-router"))' 2>/dev/null || echo '(venv not made yet)')"
 } | tee "$OUT/scale_env.txt"
 
 for n in $PROCS; do
@@ -192,21 +193,22 @@ def cores_of(name):
 
 
 def sglang_version():
-    for name in [f"p{p}" for p in procs]:
+    for name in [f"p{p}" for p in procs]:  # peer_bench's env.txt (pip list in the venv)
         try:
             for line in open(os.path.join(out, name, "env.txt")):
                 if line.lower().startswith("sglang-router"):
                     return " ".join(line.split())
         except OSError:
             pass
-    return "sglang-router (version unknown)"
+    return ""
 
 
 env = open(os.path.join(out, "scale_env.txt")).read().strip().splitlines()
 print("## cache-router --processes N vs sglang-router (cache_aware) on the same cores\n")
 for line in env:
     print(f"    {line}")
-print(f"    {sglang_version()}; 2 KB non-streaming completions (comp2k)\n")
+print(f"    {sglang_version() or '(sglang-router version: see above)'}; comp2k = 2 KB non-streaming "
+      "completions\n")
 print("cr = cache-router, sg = sglang-router; req/s from wrk; added p50 = router p50 - direct p50 "
       "(same run, ms); p99 in ms; direct = wrk straight to one fake worker (load-side ceiling).\n")
 print("| processes | router cores | conc | cr req/s | sg req/s | cr/sg | direct req/s "

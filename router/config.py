@@ -8,6 +8,7 @@ what the code reads.
 
 from __future__ import annotations
 
+import math
 import os
 from contextvars import ContextVar
 from pathlib import Path
@@ -314,10 +315,18 @@ class Settings(BaseSettings):
         return self
 
     def process_count(self) -> int:
-        """``processes`` as a number: 'auto' is the cores this process may run on."""
-        if self.processes == "auto":
-            return max(1, len(os.sched_getaffinity(0)))
-        return int(self.processes)
+        """``processes`` as a number: 'auto' is the cores this process may use (its CPU
+        affinity, and a container's CPU quota, cgroup v2 ``cpu.max``, when lower)."""
+        if self.processes != "auto":
+            return int(self.processes)
+        cores = len(os.sched_getaffinity(0))
+        try:
+            quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+            if quota != "max":
+                cores = min(cores, math.ceil(int(quota) / int(period)))
+        except (OSError, ValueError):
+            pass
+        return max(1, cores)
 
     def capacity_for(self, url: str) -> int:
         """KV capacity (tokens) of the worker at ``url``."""

@@ -1,14 +1,17 @@
-"""Start and stop local processes for replays: simulated workers and routers.
+"""Start and stop local processes for replays: simulated workers, routers, and for the
+scale-out runs ``haproxy`` (TCP round-robin; the Redis is the supervisor's
+:class:`~router.proxy.supervisor.PrivateRedis`).
 
-Everything listens on 127.0.0.1, on a free port found by binding port 0. Each process is
-stopped by the PID we started (SIGTERM, then SIGKILL after a grace period), also when the
-caller fails, via the context managers.
+Everything listens on 127.0.0.1 (or a unix socket), on a free port found by binding port 0.
+Each process is stopped by the PID we started (SIGTERM, then SIGKILL after a grace period),
+also when the caller fails, via the context managers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -120,3 +123,75 @@ def reset_caches(urls: Sequence[str]) -> bool:
         except httpx.HTTPError:
             ok = False
     return ok
+
+
+START_TIMEOUT_S = 10.0
+
+
+def _program(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise FileNotFoundError(f"{name} is not installed (apt-get install {name})")
+    return path
+
+
+class Haproxy:
+    """haproxy in TCP mode, round-robin over ``backends`` (host:port), health-checked every
+    200 ms; a backend that fails one check is skipped, and a connect that fails goes to the
+    next backend (``option redispatch``)."""
+
+    def __init__(self, folder: Path, port: int, backends: list[str]) -> None:
+        self.binary = _program("haproxy")
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        servers = "\n".join(
+            f"  server r{i} {b} check inter 200ms fall 1 rise 2" for i, b in enumerate(backends)
+        )
+        self.config = folder / "haproxy.cfg"
+        self.config.write_text(
+            f"""global
+  maxconn 4096
+defaults
+  mode tcp
+  timeout connect 1s
+  timeout client 120s
+  timeout server 120s
+  retries 3
+  option redispatch
+frontend routers_in
+  bind 127.0.0.1:{port}
+  default_backend routers
+backend routers
+  balance roundrobin
+{servers}
+"""
+        )
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Haproxy:
+        self.proc = subprocess.Popen(
+            [self.binary, "-f", str(self.config), "-db"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("haproxy did not listen within 10 s")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)

@@ -6,17 +6,20 @@ the others need to know, in the background:
 
 - **Bookings** (which worker got which prefix blocks, for which session): the hot path only
   appends to a local outbox; every ``state_flush_interval_s`` (5 ms) the outbox goes out as
-  one msgpack batch on a capped Redis stream, and every replica applies the others' batches
-  to its block shadows (unpinned, most recently used), its session bindings (sticky,
+  one msgpack batch on this replica's own capped Redis stream, and every replica reads the
+  others' streams (one blocking XREAD over all of them; never its own) and applies their
+  batches to its block shadows (unpinned, most recently used), its session bindings (sticky,
   unified, ttft) and the session footprints. Staleness: the flush interval plus one Redis
-  round trip (a few ms). The radix shadow stays per replica (the stream carries block hashes,
-  not tokens). A starting replica reads the stream's backlog first, so it starts warm.
+  round trip (a few ms). The radix shadow stays per replica (the streams carry block hashes,
+  not tokens). A replica reads a peer's stream from its start when it first sees the peer, so
+  a new replica starts warm; a dead replica's stream expires after ``STREAM_TTL_S``.
 - **Load**: every ``state_load_interval_s`` (20 ms) each replica writes its own in-flight
   requests, pending prefill and decode tokens per worker (and its view of their health) to
   a hash that expires ``state_load_ttl_s`` (2 s) after its last write, and reads the
-  others'. Their sum is added to each worker's counters, so the pickers' load terms see the
-  whole fleet's load as of one interval ago, and a dead replica's load leaves the view
-  within the TTL. A peer taking a worker out opens the circuit here too.
+  others' in the same round trip. Their sum is added to each worker's counters, so the
+  pickers' load terms see the whole fleet's load as of one interval ago, and a dead
+  replica's load leaves the view within the TTL. A peer taking a worker out opens the
+  circuit here too.
 - **Membership**: POST/DELETE /workers on one replica writes the shared worker set; every
   replica reconciles with it every 0.5 s. A starting replica adds its ``--worker`` flags to
   the set; a set lost with Redis's data is re-seeded from the replicas' own lists.
@@ -54,7 +57,8 @@ log = logging.getLogger("cache_router.state_sync")
 
 FORMAT = 1  # in every key: bump when the encoding changes
 OUTBOX_MAX = 50_000  # bookings kept while Redis is unreachable
-STREAM_MAXLEN = 20_000  # booking batches kept in Redis (the backlog a new replica reads)
+STREAM_MAXLEN = 20_000  # booking batches kept per replica (the backlog a new replica reads)
+STREAM_TTL_S = 600  # a replica's stream outlives its last write this long
 READ_COUNT = 500  # batches per stream read
 READ_BLOCK_MS = 500  # a stream read waits this long for news
 MEMBERSHIP_INTERVAL_S = 0.5
@@ -89,7 +93,8 @@ class StateSync:
         self.replica = replica_id or uuid.uuid4().hex[:12]
         self.on_worker_added = on_worker_added
         base = f"{settings.state_prefix}:v{FORMAT}"
-        self.stream_key = f"{base}:bookings"
+        self.stream_prefix = f"{base}:bookings:"
+        self.stream_key = self.stream_prefix + self.replica
         self.workers_key = f"{base}:workers"
         self.epoch_key = f"{base}:workers:epoch"
         self.replicas_key = f"{base}:replicas"
@@ -100,11 +105,13 @@ class StateSync:
         self.outbox: deque[Outgoing] = deque()
         self._membership_ops: list[tuple[str, str, bytes]] = []  # (hset|hdel, url, meta)
         self._peer_health: dict[tuple[str, str], bool] = {}
+        self._peers: list[str] = []  # other live replicas, from the last load exchange
+        self._published: set[bytes] = set()  # the fields of our load hash
         self._last_load_read = 0.0
         self._client: aioredis.Redis | None = None
         self._reader: aioredis.Redis | None = None  # its own connection for blocking reads
         self._tasks: list[asyncio.Task] = []
-        self._last_id = b"0"  # the stream read from its start: a new replica starts warm
+        self._last_ids: dict[str, bytes] = {}  # peer stream -> last entry read ("0": all)
 
     # ---- the hot path --------------------------------------------------------------------
 
@@ -167,7 +174,7 @@ class StateSync:
             try:
                 async with asyncio.timeout(CALL_TIMEOUT_S):
                     await self._flush()
-                    await client.delete(self.load_prefix + self.replica)
+                    await client.delete(self.load_prefix + self.replica, self.stream_key)
                     await client.srem(self.replicas_key, self.replica)
             except (RedisError, OSError, TimeoutError):
                 pass
@@ -238,9 +245,10 @@ class StateSync:
         entries = [(url, _block_bytes(blocks), sid, n) for url, blocks, sid, n in batch]
         payload = msgspec.msgpack.encode({"r": self.replica, "t": time.time(), "e": entries})
         try:
-            await self._client.xadd(
-                self.stream_key, {b"d": payload}, maxlen=STREAM_MAXLEN, approximate=True
-            )
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.xadd(self.stream_key, {b"d": payload}, maxlen=STREAM_MAXLEN, approximate=True)
+                pipe.expire(self.stream_key, STREAM_TTL_S)
+                await pipe.execute()
         except BaseException:  # not sent: back in front of what came meanwhile, bounded
             batch.extend(self.outbox)
             while len(batch) > OUTBOX_MAX:
@@ -255,13 +263,19 @@ class StateSync:
         await self._loop("read", self._read, 0)
 
     async def _read(self) -> None:
+        """One blocking read of every peer's stream, from where each was left."""
         reader = self._reader
         assert reader is not None
-        reply = await reader.xread({self.stream_key: self._last_id}, READ_COUNT, READ_BLOCK_MS)
+        streams = {self.stream_prefix + p: self._last_ids.get(p, b"0") for p in self._peers}
+        if not streams:
+            await asyncio.sleep(self.settings.state_load_interval_s)  # no peer (yet)
+            return
+        reply = await reader.xread(streams, READ_COUNT, READ_BLOCK_MS)
         self._ok()
-        for _key, entries in reply or ():
+        for key, entries in reply or ():
+            peer = key.decode(errors="replace").removeprefix(self.stream_prefix)
             for entry_id, fields in entries:
-                self._last_id = entry_id
+                self._last_ids[peer] = entry_id
                 self._apply_bookings(fields)
 
     def _apply_bookings(self, fields: dict) -> None:
@@ -315,41 +329,48 @@ class StateSync:
             self._next_membership = time.monotonic() + MEMBERSHIP_INTERVAL_S
 
     async def _exchange_load(self, client: aioredis.Redis) -> None:
+        """Write ours, read the peers' (those of the last round), one round trip."""
         own = self.load_prefix + self.replica
         mine: dict[bytes, bytes] = {_ALIVE: b"1"}
         for w in self.pool.workers:
             st, (rn, rp, rd) = w.state, w.remote_load
-            local = (st.num_requests - rn, st.pending_prefill_tokens - rp)
             mine[w.url.encode()] = b"%d %d %d %d" % (
-                *local,
+                st.num_requests - rn,
+                st.pending_prefill_tokens - rp,
                 st.ongoing_decode_tokens - rd,
                 st.healthy,
             )
-        ttl_ms = int(self.settings.state_load_ttl_s * 1000)
-        async with client.pipeline(transaction=True) as pipe:
-            pipe.delete(own).hset(own, mapping=mine).pexpire(own, ttl_ms)
-            pipe.sadd(self.replicas_key, self.replica).smembers(self.replicas_key)
-            *_, members = await pipe.execute()
-        peers = sorted(m for m in members if m != self.replica.encode())
+        gone = self._published - mine.keys()  # workers removed since the last round
+        peers = self._peers
         async with client.pipeline(transaction=False) as pipe:
+            pipe.hset(own, mapping=mine)
+            if gone:
+                pipe.hdel(own, *gone)
+            pipe.pexpire(own, int(self.settings.state_load_ttl_s * 1000))
+            pipe.sadd(self.replicas_key, self.replica).smembers(self.replicas_key)
             for peer in peers:
-                pipe.hgetall(self.load_prefix + peer.decode(errors="replace"))
-            loads = await pipe.execute() if peers else []
+                pipe.hgetall(self.load_prefix + peer)
+            replies = await pipe.execute()
+        self._published = set(mine)
         self._last_load_read = time.monotonic()
         self._ok()
+        members, loads = replies[-1 - len(peers)], replies[len(replies) - len(peers) :]
         totals: dict[str, list[int]] = {}
         dead = []
         for peer, load in zip(peers, loads, strict=True):
-            if not load:
+            if load:
+                self._add_peer_load(peer, load, totals)
+            else:
                 dead.append(peer)
-                continue
-            self._add_peer_load(peer.decode(errors="replace"), load, totals)
-        self.stats.peers = len(peers) - len(dead)
-        if dead:
-            await client.srem(self.replicas_key, *dead)
-            gone = {peer.decode(errors="replace") for peer in dead}
-            self._peer_health = {k: v for k, v in self._peer_health.items() if k[0] not in gone}
         self._apply_remote_load(totals)
+        if dead:  # its load hash expired: gone (a late one would simply re-add itself)
+            await client.srem(self.replicas_key, *dead)
+            self._peer_health = {k: v for k, v in self._peer_health.items() if k[0] not in dead}
+            for peer in dead:
+                self._last_ids.pop(peer, None)
+        names = {m.decode(errors="replace") for m in members}
+        self._peers = sorted(names - {self.replica} - set(dead))
+        self.stats.peers = len(self._peers)
 
     def _add_peer_load(self, peer: str, load: dict, totals: dict[str, list[int]]) -> None:
         for key, value in load.items():

@@ -80,9 +80,10 @@ def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
 
 
 class PrivateRedis:
-    """A ``redis-server`` of our own on a unix socket (no TCP port, no persistence)."""
+    """A ``redis-server`` of our own on a unix socket (no TCP port, no persistence), in
+    ``folder`` (default: a temporary one, removed on stop). Restartable."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: Path | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SetupError(
@@ -91,7 +92,8 @@ class PrivateRedis:
                 "valkey-server as redis-server), or pass --state-url redis://HOST:PORT"
             )
         self.binary = binary
-        self.folder = Path(tempfile.mkdtemp(prefix="cache-router-redis-"))
+        self.own_folder = folder is None
+        self.folder = folder or Path(tempfile.mkdtemp(prefix="cache-router-redis-"))
         self.socket = self.folder / "redis.sock"
         self.url = f"unix://{self.socket}"
         self.proc: subprocess.Popen | None = None
@@ -116,7 +118,7 @@ class PrivateRedis:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise SetupError(f"redis-server exited with status {self.proc.returncode}")
-            if _answers_ping(self.socket):
+            if self.ping():
                 log.info("private redis-server (pid %d) on %s", self.proc.pid, self.socket)
                 return
             time.sleep(0.02)
@@ -126,22 +128,22 @@ class PrivateRedis:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def ping(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(0.5)
+                s.connect(str(self.socket))
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None:
             _end(proc, 5.0)
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _answers_ping(path: Path) -> bool:
-    try:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(0.5)
-            s.connect(str(path))
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
+        if self.own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _end(proc: subprocess.Popen, timeout: float) -> None:

@@ -108,13 +108,17 @@ async def test_a_dead_replicas_load_expires_and_a_new_one_starts_warm(redis):
         t0 = time.monotonic()
         await until(lambda: wb.state.num_requests == 0, timeout=3.0)
         assert time.monotonic() - t0 <= 0.5 + 0.5  # TTL plus a few load intervals
-        # a replica started later reads the backlog: warm shadow, session bound
+        # a replica started later reads the live ones' backlogs: warm shadow, session bound
+        later = features(7, session="s7")
+        b.pool.book(b.pool.workers[1], later, 0)
+        await until(lambda: b.stats.published.get("bookings") == 1)
         c = replica(redis.url, "c")
         await c.start()
         try:
-            wc = c.pool.get(wa.url)
-            await until(lambda: wc.state.blocks.estimate_cache_hit(req.blocks) == 2048)
-            assert c.pool.picker.sessions.get("s3") == 0
+            wc = c.pool.workers[1]
+            await until(lambda: wc.state.blocks.estimate_cache_hit(later.blocks) == 2048)
+            assert c.pool.picker.sessions.get("s7") == 1
+            assert c.stats.peers == 1  # a is gone for good
         finally:
             await c.stop()
     finally:
@@ -170,8 +174,8 @@ async def test_garbage_under_the_prefix_is_counted_not_fatal(redis):
     await b.start()
     try:
         await until(lambda: b.stats.peers == 1)
-        redis.command("XADD", "cache-router:v1:bookings", "*", "d", b"\xc1garbage")
-        redis.command("XADD", "cache-router:v1:bookings", "*", "x", "no payload")
+        redis.command("XADD", "cache-router:v1:bookings:a", "*", "d", b"\xc1garbage")
+        redis.command("XADD", "cache-router:v1:bookings:a", "*", "x", "no payload")
         redis.command("SADD", "cache-router:v1:replicas", "zz")
         redis.command("HSET", "cache-router:v1:load:zz", "http://127.0.0.1:1", "not numbers")
         redis.command("PEXPIRE", "cache-router:v1:load:zz", "60000")
