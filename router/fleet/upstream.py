@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -297,10 +298,14 @@ class UpstreamPool:
         headers: bytes,
         body: bytes,
         read_timeout: float,
+        then: Callable[[], None] | None = None,
     ) -> Connection:
         """Send a request and wait for the response headers; read the body from the result.
 
         ``headers`` are ready-made ``name: value\\r\\n`` lines (no host, no content-length).
+        ``then`` is called once before the first await: right after the write on a kept-alive
+        connection, before connecting otherwise (work that can wait for the write, not for
+        another task).
         """
         head = b"%s %s%s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n%s\r\n" % (
             method,
@@ -315,11 +320,17 @@ class UpstreamPool:
             conn = self._idle_pop()
             fresh = conn is None
             if fresh:
+                if then is not None:
+                    then()
+                    then = None
                 conn = await self._connect()
             if message is not None:
                 conn.transport.write(message)
             else:
                 conn.transport.writelines((head, body))
+            if then is not None:
+                then()
+                then = None
             try:
                 await conn._wait_headers(read_timeout)
                 return conn

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 
 import pytest
 from conftest import wait_until
@@ -145,3 +146,21 @@ async def test_body_until_close_and_bad_responses():
     with pytest.raises(ConnectionLost):
         await UpstreamPool(url).request(b"POST", b"/x", b"", b"", 5)
     server.close()
+
+
+async def test_then_runs_once_before_the_first_await(fake_workers):
+    (worker,) = fake_workers(1)
+    pool = UpstreamPool(worker.url)
+    for fresh in (True, False):
+        calls: list[int] = []
+        task = asyncio.ensure_future(
+            pool.request(b"POST", b"/v1/completions", JSON, body(), 5, partial(calls.append, 1))
+        )
+        await asyncio.sleep(0)  # the task's first step: it ran up to its first await
+        assert calls == [1], fresh
+        conn = await task
+        assert calls == [1] and conn.status == 200
+        await read_all(conn)
+        conn.release()
+    assert worker.accepted == 1  # the second request went on the kept-alive connection
+    pool.close()
