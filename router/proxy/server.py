@@ -10,8 +10,9 @@ proxy in front of a GPU fleet needs and uvicorn does not do (with httptools) on 
 - **read timeout** (``request_read_timeout_s``): from the moment a connection opens or a
   request begins until its body is complete; a client that sends its headers or body too
   slowly (slowloris) gets 408 and the connection closes. Handlers waiting on that body see
-  ``http.disconnect``, so nothing stays booked. Idle keep-alive connections are closed by
-  uvicorn's own ``timeout_keep_alive`` (5 s).
+  ``http.disconnect``, so nothing stays booked. Idle keep-alive connections are closed
+  after uvicorn's ``timeout_keep_alive`` (5 s). Both timeouts share one timer per connection
+  that only moves a deadline per request (no timer made and cancelled per request).
 - **connection count** (``max_connections``): a request that arrives on a connection beyond
   the limit is answered 503 with ``Retry-After`` and its connection closed (uvicorn's
   ``limit_concurrency`` answers a text/plain 503 without Retry-After, so it is not used).
@@ -226,7 +227,13 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             self._head_bytes = 0  # bytes received while awaiting a head
             self._boundaries = 0  # heads / messages completed in the current data_received
             self._head_size = 0  # request line and headers of the current request, parsed
+            # one timer per connection for both the read timeout and the keep-alive idle
+            # timeout: a deadline moves without touching the timer, which fires at or before
+            # it and re-arms for the rest (no timer made and cancelled per request)
+            self._deadline: float | None = None
+            self._reading = False  # the deadline is the read timeout's (else keep-alive's)
             self._timer: asyncio.TimerHandle | None = None
+            self._timer_at = 0.0
             self._rejected = False
             self._over_limit = False
             self._counted = False
@@ -245,7 +252,7 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._stop_timer()
             if self._counted:
                 self._counted = False
                 stats.connections -= 1
@@ -284,7 +291,7 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             super().on_message_begin()
             self._awaiting_head = True
             self._head_size = 0
-            if self._timer is None:
+            if not self._reading:
                 self._arm()
 
         def on_url(self, url: bytes) -> None:
@@ -324,20 +331,63 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             if not self._rejected:
                 super().on_message_complete()
 
+        def on_response_complete(self) -> None:
+            # uvicorn's, with the keep-alive timeout on the connection's one timer
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            elif not self._reading:
+                self._until(self.loop.time() + self.timeout_keep_alive, reading=False)
+
         # ---- limits ------------------------------------------------------------------
 
         def _arm(self) -> None:
-            self._disarm()
-            self._timer = self.loop.call_later(read_timeout, self._read_timed_out)
+            """The read timeout starts: the request must be complete within it."""
+            self._until(self.loop.time() + read_timeout, reading=True)
 
         def _disarm(self) -> None:
+            """The request is complete (or not timed): no read deadline any more."""
+            if self._reading:
+                self._reading = False
+                self._deadline = None
+
+        def _until(self, deadline: float, reading: bool) -> None:
+            self._deadline = deadline
+            self._reading = reading
+            timer = self._timer
+            if timer is None or self._timer_at > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = self.loop.call_at(deadline, self._tick)
+                self._timer_at = deadline
+
+        def _stop_timer(self) -> None:
+            self._deadline = None
+            self._reading = False
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
 
-        def _read_timed_out(self) -> None:
+        def _tick(self) -> None:
             self._timer = None
-            self._reject(*READ_TIMEOUT)
+            deadline = self._deadline
+            if deadline is None:
+                return
+            if self.loop.time() < deadline:  # moved since the timer was set
+                self._timer = self.loop.call_at(deadline, self._tick)
+                self._timer_at = deadline
+                return
+            reading = self._reading
+            self._deadline = None
+            self._reading = False
+            if reading:
+                self._reject(*READ_TIMEOUT)
+            else:
+                self.timeout_keep_alive_handler()  # idle: close
 
         def _reject(self, status: int, reason: bytes, code: str) -> None:
             """Answer ``status`` (JSON) and close; nothing more is read on this connection.
@@ -349,7 +399,7 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             if self._rejected:
                 return
             self._rejected = True
-            self._disarm()
+            self._stop_timer()
             stats.count_rejected(code)
             transport = self.transport
             if transport is None or transport.is_closing():
