@@ -164,3 +164,22 @@ async def test_then_runs_once_before_the_first_await(fake_workers):
         conn.release()
     assert worker.accepted == 1  # the second request went on the kept-alive connection
     pool.close()
+
+
+async def test_the_read_timeout_counts_from_each_wait(fake_workers):
+    (worker,) = fake_workers(1)
+    worker.chunk_delay, worker.chunks = 0.15, 6
+    pool = UpstreamPool(worker.url)
+    # pieces 0.15 s apart under a 0.4 s timeout: the stream lasts far longer than the
+    # timeout, and no single wait reaches it
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    conn = await pool.request(b"POST", b"/v1/completions", JSON, body(stream=True), 0.4)
+    data = await read_all(conn, timeout=0.4)
+    assert data.endswith(b"data: [DONE]\n\n") and loop.time() - start > 0.6
+    conn.release()
+    # then a wait that does reach it, on the same connection (its timer re-arms)
+    worker.chunk_delay = 0.0
+    with pytest.raises(ReadTimeout):
+        await pool.request(b"POST", b"/v1/completions", JSON + b"x-fake-hang: 1\r\n", body(), 0.3)
+    pool.close()
