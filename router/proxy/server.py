@@ -297,12 +297,16 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
         def on_url(self, url: bytes) -> None:
             if not self._rejected:
                 self._head_size += len(url)
-                super().on_url(url)
+                self.url += url  # uvicorn's on_url, inlined (called per request)
 
         def on_header(self, name: bytes, value: bytes) -> None:
             if not self._rejected:
                 self._head_size += len(name) + len(value) + 4
-                super().on_header(name, value)
+                # uvicorn's on_header, inlined (called per header)
+                name = name.lower()
+                if name == b"expect" and value.lower() == b"100-continue":
+                    self.expect_100_continue = True
+                self.headers.append((name, value))
 
         def on_headers_complete(self) -> None:
             if self._rejected:
