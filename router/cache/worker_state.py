@@ -99,19 +99,30 @@ class WorkerState:
         return self.blocks.estimate_cache_hit(blocks)
 
     def book(
-        self, request: RequestFeatures, expected_output_tokens: int = 0, now: float | None = None
+        self,
+        request: RequestFeatures,
+        expected_output_tokens: int = 0,
+        now: float | None = None,
+        radix_later: bool = False,
     ) -> Booking:
         """Claim this worker for ``request``: counters up, blocks pinned, path locked.
 
         ``now`` (default: the monotonic clock; the simulator's virtual time) dates the booking
-        for the learned rate and the session footprint.
+        for the learned rate and the session footprint. ``radix_later``: when the radix tree
+        does not answer the estimates (``shadow="blocks"``), leave its insert to
+        :meth:`Booking.insert_radix`, for the caller to run once the request is on its way
+        (the proxy: after the write to the worker, before its next await, so no pick and no
+        other booking comes in between and the outcome is the same).
         """
         if now is None:
             now = time.monotonic()
         blocks_hit = self.blocks.estimate_cache_hit(request.blocks)
         radix_hit = None
         node = None
-        if self.radix is not None and request.tokens is not None:
+        radix_pending = None
+        if radix_later and self.shadow != "radix" and self.radix is not None:
+            radix_pending = request.tokens
+        elif self.radix is not None and request.tokens is not None:
             result = self.radix.insert(request.tokens, lock=True)
             radix_hit = min(result.cached_tokens * self.radix_token_weight, request.input_length)
             node = result.node
@@ -154,6 +165,7 @@ class WorkerState:
             input_length=request.input_length,
             booked_at=now,
             queued_ahead=queued_ahead,
+            radix_pending=radix_pending,
         )
 
 
@@ -184,6 +196,24 @@ class Booking:
     queued_ahead: int = 0  # prefill tokens pending on the worker when this was booked
     first_token_at: float | None = None
     ttft_valid: bool = True  # False: the first byte is not the first token (not streamed)
+    radix_pending: bytes | None = None  # tokens whose radix insert book(radix_later) left
+
+    def insert_radix(self) -> None:
+        """The radix insert :meth:`WorkerState.book` left for later (once; no-op otherwise):
+        the path is inserted and locked, and the radix estimate set, as ``book`` would have."""
+        tokens = self.radix_pending
+        tree = self.worker.radix
+        if tokens is None or tree is None:
+            return
+        self.radix_pending = None
+        worker = self.worker
+        result = tree.insert(tokens, lock=True)
+        self.radix_node = result.node
+        hit = min(result.cached_tokens * worker.radix_token_weight, self.input_length)
+        size = worker.worker_block_size
+        if size and not isinstance(tokens, TextBytes):
+            hit = worker_visible(hit, self.input_length, size)
+        self.radix_estimate = hit
 
     def first_token(self, now: float | None = None) -> None:
         """The worker started answering: its prefill of this request is done."""
@@ -196,6 +226,7 @@ class Booking:
         """Release everything still held; True the first time, False afterwards."""
         if self.finished:
             return False
+        self.insert_radix()  # the tree ends as if it had been inserted at booking
         self.finished = True
         self.first_token()
         worker = self.worker

@@ -271,9 +271,15 @@ class WorkerPool:
         choice = self.picker.pick(request, views)
         return self.workers[choice.worker], choice
 
-    def book(self, worker: Worker, request: RequestFeatures, expected_output: int) -> Booking:
+    def book(
+        self,
+        worker: Worker,
+        request: RequestFeatures,
+        expected_output: int,
+        radix_later: bool = False,
+    ) -> Booking:
         """Book ``request`` on ``worker`` (:meth:`WorkerState.book`) and tell ``on_book``."""
-        booking = worker.state.book(request, expected_output)
+        booking = worker.state.book(request, expected_output, radix_later=radix_later)
         if self.on_book is not None:
             self.on_book(worker, request, expected_output)
         return booking

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -70,6 +71,11 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self._waiter: asyncio.Future | None = None
+        # the read timeout: one timer per connection, re-armed when it fires before the
+        # current wait's deadline (no timer made and cancelled per wait)
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._paused = False
         self._begin()
 
@@ -110,6 +116,7 @@ class Connection(asyncio.Protocol):
             self.error = ConnectionLost(f"worker closed the connection{reason}", self.got_bytes)
         self.pool._forget(self)
         self._wake()
+        self._stop_timer()
         # break the parser <-> protocol cycle now: a closed connection is typically old
         # enough to sit in the oldest GC generation, which the tuned GC of router/proxy/serve.py
         # rarely collects, and would keep its buffers (tests/router/proxy/test_leaks.py)
@@ -162,15 +169,38 @@ class Connection(asyncio.Protocol):
                 waiter.set_result(None)
 
     async def _wait(self, timeout: float) -> None:
+        """Until ``_wake``; ReadTimeout when that takes ``timeout`` seconds."""
         waiter = self.loop.create_future()
         self._waiter = waiter
-        timer = self.loop.call_later(timeout, _expire, waiter)
+        deadline = self._deadline = self.loop.time() + timeout
+        timer = self._timer
+        if timer is None or self._timer_at > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(deadline, self._tick)
+            self._timer_at = deadline
         try:
             await waiter
         finally:
-            timer.cancel()
             if self._waiter is waiter:
                 self._waiter = None
+
+    def _tick(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # nothing waits: the next wait sets a timer again
+        if self.loop.time() < self._deadline:  # a later wait moved the deadline
+            self._timer = self.loop.call_at(self._deadline, self._tick)
+            self._timer_at = self._deadline
+            return
+        self._waiter = None
+        waiter.set_exception(ReadTimeout("worker sent nothing within the read timeout"))
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def _wait_headers(self, timeout: float) -> None:
         while not self.headers_done:
@@ -205,6 +235,7 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
         self.closed = True
         self._wake()
+        self._stop_timer()
 
     def release(self) -> None:
         """Return the connection to its pool if the exchange ended cleanly, else close it."""
@@ -218,11 +249,6 @@ class Connection(asyncio.Protocol):
             self.pool._idle_push(self)
         else:
             self.abort()
-
-
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(ReadTimeout("worker sent nothing within the read timeout"))
 
 
 class UpstreamPool:
@@ -297,10 +323,14 @@ class UpstreamPool:
         headers: bytes,
         body: bytes,
         read_timeout: float,
+        then: Callable[[], None] | None = None,
     ) -> Connection:
         """Send a request and wait for the response headers; read the body from the result.
 
         ``headers`` are ready-made ``name: value\\r\\n`` lines (no host, no content-length).
+        ``then`` is called once before the first await: right after the write on a kept-alive
+        connection, before connecting otherwise (work that can wait for the write, not for
+        another task).
         """
         head = b"%s %s%s HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n%s\r\n" % (
             method,
@@ -315,11 +345,17 @@ class UpstreamPool:
             conn = self._idle_pop()
             fresh = conn is None
             if fresh:
+                if then is not None:
+                    then()
+                    then = None
                 conn = await self._connect()
             if message is not None:
                 conn.transport.write(message)
             else:
                 conn.transport.writelines((head, body))
+            if then is not None:
+                then()
+                then = None
             try:
                 await conn._wait_headers(read_timeout)
                 return conn

@@ -5,7 +5,9 @@ For each request:
 
 1. read the body (``max_body_bytes`` → 413), parse it (→ 400), turn it into features;
 2. pick a worker among the healthy ones not tried yet and **book** it
-   (:meth:`WorkerState.book`: counters up, blocks pinned, radix path locked);
+   (:meth:`WorkerState.book`: counters up, blocks pinned, radix path locked; unless the radix
+   tree answers the estimates, its insert runs right after the write to the worker, before
+   any other task can pick or book: off the latency path, same outcome);
 3. send the original body bytes (only a stream gets ``stream_options.include_usage`` added)
    and wait for the response headers and the first body bytes. Until a byte has gone to the
    client, a connect error, a reset or a 5xx is retried on another worker (``max_attempts``);
@@ -18,9 +20,11 @@ For each request:
 6. ``Booking.finish`` runs in a ``finally`` around the whole exchange: success, worker error,
    timeout, client disconnect, cancellation, each releases exactly once.
 
-Client disconnects: after the body is read, a watcher task waits on ASGI ``receive()``;
-``http.disconnect`` before the response is complete cancels the handler, whose ``finally``
-blocks close the upstream socket (the worker aborts the generation) and release the booking.
+Client disconnects: after the body is read, a disconnect before the response is complete
+cancels the handler, whose ``finally`` blocks close the upstream socket (the worker aborts the
+generation) and release the booking. Under the router's own server the connection calls back
+(:func:`router.proxy.server.disconnect_hook`: no task per request); under any other ASGI
+server a watcher task waits on ``receive()`` for ``http.disconnect``.
 
 Admission: at most ``max_inflight`` requests are handled at once (counted from arrival to
 the last byte); one more gets 429 with ``Retry-After`` before its body is read. Client keys
@@ -62,6 +66,7 @@ from router.proxy.errors import (
 )
 from router.proxy.metrics import RouterMetrics
 from router.proxy.parse import CHAT, COMPLETION, ParsedRequest, parse_request
+from router.proxy.server import disconnect_hook
 from router.proxy.tokenize import Tokenizer, request_features
 from router.proxy.usage import StreamScanner, Usage, scan_body
 
@@ -110,6 +115,12 @@ class Exchange:
     # resets / 5xx before any byte, held until the outcome is known (_settle)
     failures: list[tuple[Worker, str]] = field(default_factory=list)
     answered_ok: bool = False  # some worker answered below 500
+
+    def client_left(self) -> None:
+        """The client disconnected: cancel the handler unless its response is complete."""
+        if not self.responded and not self.finished:
+            self.client_gone = True
+            self.task.cancel()  # type: ignore[union-attr]
 
 
 class Forwarder:
@@ -175,7 +186,12 @@ class Forwarder:
             await send_error(send, RouterError("internal error in the router"))
             return
         ex.task = asyncio.current_task()
-        watcher = asyncio.get_running_loop().create_task(self._watch(receive, ex))
+        hook = disconnect_hook(send)
+        watcher = None
+        if hook is not None:
+            hook(ex.client_left)
+        else:
+            watcher = asyncio.get_running_loop().create_task(self._watch(receive, ex))
         try:
             try:
                 await self._proxy(ex, send)
@@ -194,8 +210,10 @@ class Forwarder:
                 raise
             ex.task.uncancel()  # our own cancellation (client gone): the request is over
         finally:
-            ex.finished = True  # from here on the watcher must not cancel this task
-            if not watcher.done():
+            ex.finished = True  # from here on a disconnect must not cancel this task
+            if hook is not None:
+                hook(None)
+            elif not watcher.done():
                 watcher.cancel()
             self.metrics.duration(endpoint).observe(time.perf_counter() - start)
 
@@ -259,9 +277,7 @@ class Forwarder:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not ex.responded and not ex.finished:
-                    ex.client_gone = True
-                    ex.task.cancel()
+                ex.client_left()
                 return
 
     def _unrouted(self, status: str) -> None:
@@ -317,7 +333,7 @@ class Forwarder:
         """One try on ``worker``; a RouterError to retry, None when the client was answered."""
         stats = worker.stats
         features = ex.features
-        booking = self.pool.book(worker, features, ex.request.max_tokens)
+        booking = self.pool.book(worker, features, ex.request.max_tokens, radix_later=True)
         booking.ttft_valid = ex.request.stream  # else the first byte is the whole answer
         stats.prompt_tokens += features.input_length
         stats.estimated_hit_tokens += pick.hit_tokens
@@ -328,7 +344,7 @@ class Forwarder:
         try:
             try:
                 conn = await worker.upstream.request(
-                    b"POST", ex.path, ex.headers, ex.body, self.read_timeout
+                    b"POST", ex.path, ex.headers, ex.body, self.read_timeout, booking.insert_radix
                 )
                 if ex.client_gone:  # belt and braces: a cancellation lost in a race
                     raise asyncio.CancelledError

@@ -77,3 +77,36 @@ def test_bookings_feed_the_footprint_and_clean_reports_feed_the_rate():
     for b in (first, second, third):
         b.finish()
     assert w.kv_capacity_tokens == 100 * 4
+
+
+def test_a_radix_insert_left_for_later_ends_as_the_eager_one():
+    eager, later = make_worker(), make_worker()
+    held = []
+    for turn in (request([*range(10), 99, 98]), request([*range(10), 7]), request([1, 2, 3])):
+        done = eager.book(turn)
+        left = later.book(turn, radix_later=True)
+        assert left.radix_estimate is None and left.radix_pending is not None
+        assert later.radix.total_tokens < eager.radix.total_tokens  # not inserted yet
+        left.insert_radix()
+        left.insert_radix()  # once
+        assert (left.radix_estimate, left.new_prefill) == (done.radix_estimate, done.new_prefill)
+        assert later.radix.protected_tokens == eager.radix.protected_tokens
+        assert later.radix.total_tokens == eager.radix.total_tokens
+        held += [done, left]
+    for booking in held:
+        assert booking.finish() is True
+    assert later.radix.protected_tokens == eager.radix.protected_tokens == 0
+    # a booking that ends before its insert (the request never went out) leaves the tree
+    # as the eager one does
+    eager.book(request([5, 6, 7, 8, 9])).finish()
+    unsent = later.book(request([5, 6, 7, 8, 9]), radix_later=True)
+    assert unsent.finish() is True
+    assert later.radix.total_tokens == eager.radix.total_tokens
+    assert later.radix.protected_tokens == 0 and later.num_requests == 0
+
+
+def test_the_radix_shadow_is_never_left_for_later():
+    w = make_worker("radix")
+    booking = w.book(request([1, 2, 3, 4, 5]), radix_later=True)
+    assert booking.radix_pending is None and booking.radix_estimate == 0
+    assert w.radix.protected_tokens == 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 
 import pytest
 from conftest import wait_until
@@ -145,3 +146,40 @@ async def test_body_until_close_and_bad_responses():
     with pytest.raises(ConnectionLost):
         await UpstreamPool(url).request(b"POST", b"/x", b"", b"", 5)
     server.close()
+
+
+async def test_then_runs_once_before_the_first_await(fake_workers):
+    (worker,) = fake_workers(1)
+    pool = UpstreamPool(worker.url)
+    for fresh in (True, False):
+        calls: list[int] = []
+        task = asyncio.ensure_future(
+            pool.request(b"POST", b"/v1/completions", JSON, body(), 5, partial(calls.append, 1))
+        )
+        await asyncio.sleep(0)  # the task's first step: it ran up to its first await
+        assert calls == [1], fresh
+        conn = await task
+        assert calls == [1] and conn.status == 200
+        await read_all(conn)
+        conn.release()
+    assert worker.accepted == 1  # the second request went on the kept-alive connection
+    pool.close()
+
+
+async def test_the_read_timeout_counts_from_each_wait(fake_workers):
+    (worker,) = fake_workers(1)
+    worker.chunk_delay, worker.chunks = 0.15, 6
+    pool = UpstreamPool(worker.url)
+    # pieces 0.15 s apart under a 0.4 s timeout: the stream lasts far longer than the
+    # timeout, and no single wait reaches it
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    conn = await pool.request(b"POST", b"/v1/completions", JSON, body(stream=True), 0.4)
+    data = await read_all(conn, timeout=0.4)
+    assert data.endswith(b"data: [DONE]\n\n") and loop.time() - start > 0.6
+    conn.release()
+    # then a wait that does reach it, on the same connection (its timer re-arms)
+    worker.chunk_delay = 0.0
+    with pytest.raises(ReadTimeout):
+        await pool.request(b"POST", b"/v1/completions", JSON + b"x-fake-hang: 1\r\n", body(), 0.3)
+    pool.close()

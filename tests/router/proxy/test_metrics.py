@@ -75,3 +75,33 @@ def test_every_metric_is_exported_after_traffic(fake_workers, router_server):
     hit = found["cache_router_estimated_hit_tokens"].samples[0].value
     assert hit > 0  # turns 2 and 3 hit the shadow
     assert found["cache_router_reported_cached_tokens"].samples[0].value > 0
+
+
+def test_histograms_export_as_prometheus_client_would():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from router.proxy.metrics import LATENCY_BUCKETS, RouterMetrics
+
+    ours = RouterMetrics("ttft")
+    registry = CollectorRegistry()
+    theirs = Histogram(
+        "cache_router_request_duration_seconds",
+        "Time from request arrival to the last byte sent (or the error)",
+        ["policy", "endpoint"],
+        buckets=LATENCY_BUCKETS,
+        registry=registry,
+    )
+    for value in (0.0001, 0.0005, 0.0007, 0.01, 1.0, 400.0):  # edges, inside, past the last
+        ours.duration("chat").observe(value)
+        theirs.labels("ttft", "chat").observe(value)
+
+    def lines(text: str) -> list[str]:
+        return [
+            line
+            for line in text.splitlines()
+            if "request_duration" in line and "_created" not in line
+        ]
+
+    expected = lines(generate_latest(registry).decode())
+    assert len(expected) > 20
+    assert lines(generate_latest(ours.registry).decode()) == expected

@@ -180,3 +180,31 @@ async def test_draining_refuses_new_generation_requests(fake_workers, router_ser
     assert health.status == 503 and json.loads(health.body)["status"] == "draining"
     assert rejected(router)["draining"] == 1
     assert len(worker.requests) == 0
+
+
+async def test_one_timer_keeps_the_read_and_keep_alive_timeouts(fake_workers, router_server):
+    (worker,) = fake_workers(1)
+    router = router_server(workers=[worker.url], request_read_timeout_s=0.5)
+    router.server.config.timeout_keep_alive = 0.4  # read by each new connection
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    try:
+        # requests 0.25 s apart for 1.5 s: each within both timeouts, the connection lives
+        # well past either (the deadlines move with each request)
+        for _ in range(6):
+            writer.write(post())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200")
+            length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
+            await asyncio.wait_for(reader.readexactly(length), 5)
+            answered = loop.time()
+            await asyncio.sleep(0.25)
+        assert loop.time() - start > 1.4
+        # then idle: closed after the keep-alive timeout (not before), with no 408
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert 0.35 < loop.time() - answered < 2
+    finally:
+        writer.close()
+    assert rejected(router).get("read_timeout", 0) == 0
+    assert len(worker.requests) == 6

@@ -1,0 +1,147 @@
+"""router.proxy.server.RouterCycle: the response head rides with the first body piece (one
+write), a head alone still goes out, and the disconnect callback fires exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from router.proxy.server import RouterCycle, disconnect_hook
+
+
+class Transport:
+    """Records writes; what uvicorn's cycle and flow control call on a transport."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+def cycle(method: str = "POST", keep_alive: bool = True) -> tuple[RouterCycle, Transport, list]:
+    transport = Transport()
+    done: list[bool] = []
+    plain = RequestResponseCycle(
+        scope={"type": "http", "method": method, "path": "/", "headers": []},  # type: ignore[typeddict-item]
+        transport=transport,  # type: ignore[arg-type]
+        flow=FlowControl(transport),  # type: ignore[arg-type]
+        logger=logging.getLogger("test"),
+        access_logger=logging.getLogger("test.access"),
+        access_log=False,
+        default_headers=[],
+        message_event=asyncio.Event(),
+        expect_100_continue=False,
+        keep_alive=keep_alive,
+        on_response=lambda: done.append(True),
+    )
+    plain.__class__ = RouterCycle  # as RouterProtocol does
+    return plain, transport, done  # type: ignore[return-value]
+
+
+def start(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {"type": "http.response.start", "status": 200, "headers": headers}
+
+
+def body(data: bytes, more: bool = False) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+async def test_head_and_body_go_out_in_one_write():
+    c, transport, done = cycle()
+    await c.send(start([(b"content-type", b"application/json"), (b"content-length", b"2")]))
+    assert transport.writes == []  # held
+    await c.send(body(b"{}"))
+    assert transport.writes == [
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    ]
+    assert c.response_complete and done == [True]
+    await asyncio.sleep(0)  # the scheduled flush finds nothing left to write
+    assert len(transport.writes) == 1
+
+
+async def test_a_stream_is_chunked_and_its_later_pieces_follow():
+    c, transport, _ = cycle()
+    await c.send(start([(b"content-type", b"text/event-stream")]))
+    await c.send(body(b"data: 1\n\n", more=True))
+    await c.send(body(b"data: 2\n\n", more=True))
+    await c.send(body(b""))
+    assert transport.writes == [
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n",
+        b"9\r\ndata: 2\n\n\r\n",
+        b"0\r\n\r\n",
+    ]
+
+
+async def test_a_head_alone_goes_out_on_the_next_loop_iteration():
+    c, transport, _ = cycle()
+    await c.send(start([(b"content-length", b"5")]))
+    await asyncio.sleep(0)
+    assert transport.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"]
+    await c.send(body(b"hello"))
+    assert transport.writes[1:] == [b"hello"]
+
+
+async def test_connection_close_is_kept_and_the_transport_closed_after_the_write():
+    c, transport, _ = cycle(keep_alive=False)
+    await c.send(start([(b"content-length", b"2")]))
+    await c.send(body(b"ok"))
+    assert transport.writes == [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+    ]
+    assert transport.closed
+
+
+async def test_a_head_request_takes_uvicorns_path():
+    c, transport, _ = cycle(method="HEAD")
+    await c.send(start([(b"content-length", b"2")]))
+    assert transport.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"]
+
+
+async def test_nothing_is_written_after_a_disconnect():
+    c, transport, _ = cycle()
+    await c.send(start([(b"content-length", b"2")]))
+    c.disconnected = True
+    await c.send(body(b"ok"))
+    await asyncio.sleep(0)
+    assert transport.writes == []
+
+
+async def test_the_disconnect_callback_fires_once_and_can_be_withdrawn():
+    c, _, _ = cycle()
+    calls: list[str] = []
+    hook = disconnect_hook(c.send)
+    assert hook is not None
+    hook(lambda: calls.append("a"))
+    c.disconnected = True
+    c.disconnected = True
+    assert calls == ["a"]
+    hook(lambda: calls.append("late"))  # already gone: called at once
+    assert calls == ["a", "late"]
+    d, _, _ = cycle()
+    disconnect_hook(d.send)(lambda: calls.append("withdrawn"))  # type: ignore[misc]
+    disconnect_hook(d.send)(None)  # type: ignore[misc]
+    d.disconnected = True
+    assert calls == ["a", "late"]
+
+
+def test_other_servers_have_no_hook():
+    async def send(message: Any) -> None: ...
+
+    assert disconnect_hook(send) is None
