@@ -17,7 +17,9 @@ def _describe(router) -> dict[str, dict]:
 
 
 async def test_killed_worker_fails_over_and_comes_back(fake_workers, router_server):
-    w0, w1 = fake_workers(2, delay=0.4, chunks=8, chunk_delay=0.1)
+    # a 0.8 s "prefill", then 8 chunks 0.2 s apart: wide windows, so a loaded machine (CI)
+    # still kills w0 while the second batch waits there and the first one streams
+    w0, w1 = fake_workers(2, delay=0.8, chunks=8, chunk_delay=0.2)
     router = router_server(
         workers=[w0.url, w1.url], policy="load_only", picker_params={"tie_break": "multikey"}
     )
@@ -28,11 +30,11 @@ async def test_killed_worker_fails_over_and_comes_back(fake_workers, router_serv
         )
 
     streaming = asyncio.ensure_future(batch(20))  # will be mid-stream at the kill
-    await asyncio.sleep(0.6)
-    waiting = asyncio.ensure_future(batch(20))  # still in the worker's 0.4 s "prefill"
+    await asyncio.sleep(1.0)
+    waiting = asyncio.ensure_future(batch(20))  # still in the worker's 0.8 s "prefill"
     # both batches are spread over both workers: wait (briefly, bounded) until the second one
-    # has reached w0, well inside its 0.4 s "prefill" and the first one's 0.8 s of streaming
-    for _ in range(30):
+    # has reached w0, well inside its 0.8 s "prefill" and the first one's 1.6 s of streaming
+    for _ in range(60):
         if w0.in_flight >= 15:
             break
         await asyncio.sleep(0.01)
