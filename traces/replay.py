@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.fleet.upstream import UpstreamError, UpstreamPool
+from router.fleet.upstream import ConnectFailed, ConnectionLost, UpstreamError, UpstreamPool
 from traces.prompts import prompt_text, prompt_token_ids
 from traces.record import TraceRequest
 from traces.simulator import PolicyRun
@@ -47,6 +47,10 @@ class ReplayConfig:
     max_inflight: int = 2048
     worker_urls: tuple[str, ...] = ()  # default: from the router's GET /workers
     progress: bool = False
+    # A request whose connection failed before its first token is sent again, up to this many
+    # times (after 0.1 s, 0.2 s, ...), as the OpenAI SDK does on connection errors (its
+    # default: 2). What a router replica killed mid-stream had already streamed is lost.
+    retries: int = 0
 
 
 @dataclass
@@ -58,6 +62,8 @@ class ReplayOutcome:
     reported_hit_rate: float
     send_lag: np.ndarray  # seconds each request left after its scheduled time (open loop)
     error_samples: list[str] = field(default_factory=list)
+    retried: int = 0  # sends repeated after a connection failure before the first token
+    lost_streaming: int = 0  # errors after the first token (a retry would repeat output)
 
     @property
     def send_lag_p99(self) -> float:
@@ -159,6 +165,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
     cached = np.zeros(n, dtype=np.int64)
     worker_of: list[str] = [""] * n
     errors: list[str] = []
+    retried = lost_streaming = 0
     gate = asyncio.Semaphore(cfg.max_inflight)
     done = 0
     clients = _Clients()
@@ -170,7 +177,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
         start = time.perf_counter()
 
         async def one(i: int, req: TraceRequest) -> None:
-            nonlocal done
+            nonlocal done, retried, lost_streaming
             delay = start + arrival[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -181,16 +188,26 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
             )
             sent[i] = time.perf_counter() - start
             try:
-                async with gate:
-                    conn = await target.request(
-                        b"POST", b"/v1/completions", headers, body, cfg.timeout_s
-                    )
+                for attempt in range(cfg.retries + 1):
                     try:
-                        await _read_stream(conn, i, cfg.timeout_s)
-                    finally:
-                        conn.release()
+                        async with gate:
+                            conn = await target.request(
+                                b"POST", b"/v1/completions", headers, body, cfg.timeout_s
+                            )
+                            try:
+                                await _read_stream(conn, i, cfg.timeout_s)
+                            finally:
+                                conn.release()
+                        break
+                    except (ConnectFailed, ConnectionLost, OSError):
+                        if not np.isnan(first[i]) or attempt == cfg.retries:
+                            raise
+                        retried += 1
+                        out_tokens[i] = cached[i] = 0
+                        await asyncio.sleep(0.1 * 2**attempt)
             except (UpstreamError, OSError, ValueError) as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
+                lost_streaming += not np.isnan(first[i])
             finally:
                 done += 1
                 if cfg.progress and (done % 50 == 0 or done == n):
@@ -258,4 +275,6 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
         worker_rate = (after[HITS] - before[HITS]) / queries if queries > 0 else None
     reported = float(cached[ok].sum()) / max(1.0, float(input_length.sum()))
     lag = sent[~np.isnan(sent)] - arrival[~np.isnan(sent)]
-    return ReplayOutcome(run, len(errors), workers, worker_rate, reported, lag, errors[:5])
+    return ReplayOutcome(
+        run, len(errors), workers, worker_rate, reported, lag, errors[:5], retried, lost_streaming
+    )

@@ -63,6 +63,8 @@ def outcome_document(trace_info: dict, outcomes: Sequence[ReplayOutcome], worker
         entry["hit_rate"] = outcome.worker_hit_rate
         entry["reported_hit_rate"] = outcome.reported_hit_rate
         entry["errors"] = outcome.errors
+        entry["retried"] = outcome.retried
+        entry["lost_streaming"] = outcome.lost_streaming
         entry["send_lag_p99"] = outcome.send_lag_p99
         for key in ("shadow_abs_error", "pick_us_p50", "pick_us_p99"):
             entry[key] = None  # measured inside the router: see its /metrics
@@ -80,6 +82,7 @@ def _replay_config(args: argparse.Namespace, url: str, salt: int, workers=()) ->
         max_output_tokens=args.max_output_tokens,
         worker_urls=tuple(workers),
         progress=True,
+        retries=args.retries,
     )
 
 
@@ -155,6 +158,9 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
     p.add_argument("--max-output-tokens", type=int, default=None, help="cap output lengths")
     p.add_argument("--salt", type=int, default=0, help="changes every prompt block")
+    p.add_argument("--retries", type=int, default=0,
+                   help="send a request again after a connection failure before its first "
+                        "token, up to N times (the OpenAI SDK's default is 2)")  # fmt: skip
     p.add_argument("--out", default="out/replay", help="directory for results and plots")
 
 

@@ -51,3 +51,56 @@ def test_prompts_share_exactly_the_trace_prefix():
     xa, xb = prompt_text(a), prompt_text(b)
     assert len(xa) == 4 * 1100 and xa.isascii()
     assert xa[:4096] == xb[:4096] and xa[4096:] != xb[4096:]
+
+
+async def _flaky_server(plan: dict[str, list[str]]) -> asyncio.Server:
+    """A real HTTP server on 127.0.0.1 whose answer per session follows ``plan``: for each
+    connection in turn, ``drop`` (close before answering), ``cut`` (one token, then close)
+    or ``ok`` (a whole stream); ``ok`` once the plan runs out."""
+
+    token = b'data: {"choices":[{"text":"a"}]}\n\n'
+    usage = b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\ndata: [DONE]\n\n'
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+        fields = dict(line.split(": ", 1) for line in head.split("\r\n")[1:] if ": " in line)
+        await reader.readexactly(int(fields.get("content-length", 0)))
+        steps = plan.get(fields.get("x-session-id", ""), [])
+        step = steps.pop(0) if steps else "ok"
+        if head.startswith("get"):  # /metrics: none here
+            writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+        elif step == "cut":
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            writer.write(b"%x\r\n%s\r\n" % (len(token), token))
+        elif step == "ok":
+            body = token + token + usage
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_connection_lost_before_the_first_token_is_retried_and_one_lost_mid_stream_is_not(
+    retries,
+):
+    plan = {"s0": ["drop", "drop"], "s1": ["drop", "drop", "drop"], "s2": ["cut"], "s3": []}
+    trace = [TraceRequest(i * 0.05, f"s{i}", 0, 600, 2, (1, 2), request_id=i) for i in range(4)]
+
+    async def main():
+        server = await _flaky_server({k: list(v) for k, v in plan.items()})
+        port = server.sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        cfg = ReplayConfig(url=url, model="m", worker_urls=(url,), retries=retries)
+        async with server:
+            return await asyncio.wait_for(replay(trace, cfg, "flaky"), 30)
+
+    outcome = asyncio.run(main())
+    if retries == 0:  # s0, s1 and s2 lost; only s2 had streamed
+        assert (outcome.errors, outcome.retried, outcome.lost_streaming) == (3, 0, 1)
+        assert outcome.run.requests == 1
+    else:  # s0 succeeds on its third send; s1 fails its three; s2 is not sent again
+        assert (outcome.errors, outcome.retried, outcome.lost_streaming) == (2, 4, 1)
+        assert outcome.run.requests == 2
+        assert list(outcome.run.output_length) == [2, 2]
