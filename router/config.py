@@ -208,6 +208,12 @@ class Settings(BaseSettings):
         description="bind the listening socket with SO_REUSEPORT so several router processes "
         "share the port (--processes sets it for its children)",
     )
+    process_socket: str | None = Field(
+        None,
+        description="also listen on this unix socket, one per process; /metrics then answers "
+        "for every process whose socket is in the same folder (--processes sets it for its "
+        "children)",
+    )
     worker_header: bool = Field(True, description="add x-cache-router-worker: <url> to responses")
     log_level: str = Field("info", description="log level (debug, info, warning, error)")
     access_log: bool = Field(False, description="log every request (costs throughput)")

@@ -2,7 +2,8 @@
 
 - ``GET /v1/models``: every healthy worker's model list, merged by id;
 - ``GET /health``: 200 while at least one worker is healthy, else 503;
-- ``GET /metrics``: the Prometheus exposition of this app's registry;
+- ``GET /metrics``: the Prometheus exposition of this app's registry (under ``--processes``,
+  of every process's, labelled: :mod:`router.proxy.process_metrics`);
 - ``GET /workers``: one object per worker (load, shadow, estimate vs report);
 - ``POST /workers`` ``{"url": ..., "kv_capacity_tokens": ...}`` (or ``?url=``) adds a worker,
   ``DELETE /workers`` ``{"url": ...}`` (or ``?url=``) removes one; both need the admin key
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -25,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from router.fleet.upstream import UpstreamError
+from router.proxy import process_metrics
 from router.proxy.access import Need, Verdict
 from router.proxy.context import RouterContext
 from router.proxy.errors import (
@@ -110,8 +113,12 @@ def build_admin(app: RouterContext) -> FastAPI:
         return _json(body, 200 if status == "ok" else 503)
 
     @api.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(app.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(request: Request) -> Response:
+        own = generate_latest(app.metrics.registry)
+        process_socket = app.settings.process_socket
+        if process_socket is not None and request.query_params.get("scope") != "process":
+            own = await process_metrics.gather(Path(process_socket), own)
+        return Response(own, media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/workers")
     async def list_workers() -> Response:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
@@ -128,10 +129,16 @@ def run(settings: Settings) -> None:
     app = create_app(settings)
     config = build_config(app, settings, loop=loop)
     sockets = None
-    if settings.reuse_port:  # one of several processes on this port (--processes)
-        from router.proxy.supervisor import listening_socket
+    if settings.reuse_port or settings.process_socket:  # one of several processes (--processes)
+        from router.proxy.supervisor import listening_socket, unix_socket
 
-        sockets = [listening_socket(settings.host, settings.port, config.backlog)]
+        sockets = [
+            listening_socket(settings.host, settings.port, config.backlog)
+            if settings.reuse_port
+            else config.bind_socket()
+        ]
+        if settings.process_socket:
+            sockets.append(unix_socket(Path(settings.process_socket), config.backlog))
     _raise_fd_limit(settings)
     _tune_gc()
     serve(app, config, sockets)

@@ -14,6 +14,9 @@ their own view meanwhile). SIGTERM or SIGINT here sends SIGTERM to every child, 
 its requests (``shutdown_timeout_s``), then stops Redis; the exit status is 0. Children run in
 their own session, so a terminal's Ctrl-C reaches them once, through here, and they get
 SIGTERM if this process dies (Linux ``PR_SET_PDEATHSIG``).
+
+Each child also listens on a private unix socket in this process's run folder, so a scrape of
+``/metrics`` that reaches any one of them answers for all (:mod:`router.proxy.process_metrics`).
 """
 
 from __future__ import annotations
@@ -76,6 +79,16 @@ def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
     sock.bind((host, port))
     sock.listen(backlog)
     sock.set_inheritable(True)
+    return sock
+
+
+def unix_socket(path: Path, backlog: int) -> socket.socket:
+    """A listening unix socket at ``path`` (a stale one from a dead process is replaced)."""
+    path.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    path.chmod(0o600)
+    sock.listen(backlog)
     return sock
 
 
@@ -185,11 +198,12 @@ class Child:
         log.info("router process %d started (pid %d)", self.index, self.proc.pid)
 
 
-def child_command(argv: Sequence[str], state_url: str) -> list[str]:
+def child_command(argv: Sequence[str], state_url: str, process_socket: Path) -> list[str]:
     """The children's command line: ours, with the flags that make a child (last flag wins)."""
     return [
         sys.executable, "-m", "router.cli", *argv,
         "--processes", "1", "--reuse-port", "--state-url", state_url,
+        "--process-socket", str(process_socket),
     ]  # fmt: skip
 
 
@@ -198,13 +212,22 @@ def run_processes(settings: Settings, argv: Sequence[str]) -> int:
     signal; return the exit status."""
     count = settings.process_count()
     check(settings)
+    folder = Path(tempfile.mkdtemp(prefix="cache-router-"))  # private sockets, mode 700
+    (folder / "processes").mkdir()
     redis = None
     state_url = settings.state_url
     if state_url is None:
-        redis = PrivateRedis()
-        redis.start()
+        try:
+            redis = PrivateRedis(folder)
+            redis.start()
+        except SetupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         state_url = redis.url
-    children = [Child(i, child_command(argv, state_url)) for i in range(count)]
+    children = [
+        Child(i, child_command(argv, state_url, folder / "processes" / f"{i}.sock"))
+        for i in range(count)
+    ]
     stopping = False
 
     def stop(sig: int, frame: object) -> None:
@@ -238,6 +261,7 @@ def run_processes(settings: Settings, argv: Sequence[str]) -> int:
                 _end_by(child.proc, deadline)
         if redis is not None:
             redis.stop()
+        shutil.rmtree(folder, ignore_errors=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0

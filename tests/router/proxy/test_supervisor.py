@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from prometheus_client.parser import text_string_to_metric_families
 from scale_support import need
 
 from router.config import load_settings
@@ -103,3 +104,41 @@ def test_processes_auto_is_the_usable_cores():
     settings = load_settings(processes="auto")
     assert 1 <= settings.process_count() <= len(os.sched_getaffinity(0))
     assert load_settings(processes=3).process_count() == 3
+
+
+def test_metrics_answer_for_every_process_whichever_one_a_scrape_reaches(fake_workers):
+    """Each scrape reaches one child (SO_REUSEPORT) and holds every child's samples, labelled
+    by process: the requests counted add up to those sent, on every scrape."""
+    need("redis-server")
+    (worker,) = fake_workers(1)
+    port = free_port()
+    service = start_service(
+        "processes",
+        ["serve", "--host", HOST, "--port", str(port), "--worker", worker.url,
+         "--processes", "2", "--log-level", "warning"],
+        port,
+    )  # fmt: skip
+    try:
+        assert len(pids_behind(service.url, 2)) == 2
+        body = {"model": "m", "prompt": "hello", "max_tokens": 2}
+        for _ in range(10):
+            with httpx.Client(timeout=10) as client:  # new connections: both children serve
+                assert client.post(service.url + "/v1/completions", json=body).status_code == 200
+        for _ in range(6):
+            with httpx.Client(timeout=10) as client:
+                text = client.get(service.url + "/metrics").text
+            requests = {}
+            processes = None
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == "cache_router_requests_total":
+                        key = s.labels["process"]
+                        requests[key] = requests.get(key, 0) + s.value
+                    elif s.name == "cache_router_metrics_processes":
+                        processes = s.value
+            assert processes == 2
+            assert sum(requests.values()) == 10 and set(requests) <= {"0", "1"}
+        own = httpx.get(service.url + "/metrics?scope=process", timeout=10).text
+        assert "process=" not in own and "cache_router_requests_total" in own
+    finally:
+        service.stop()
