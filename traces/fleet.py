@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from router.proxy.supervisor import end_process
 
 HOST = "127.0.0.1"
 
@@ -41,14 +42,7 @@ class Service:
     process: subprocess.Popen
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        end_process(self.process, grace_s)
 
 
 def start_service(name: str, args: Sequence[str], port: int, ready_path: str = "/health",
@@ -188,10 +182,5 @@ backend routers
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        if proc is not None:
+            end_process(proc, 5.0)

@@ -136,7 +136,7 @@ class WorkerPool:
         self.stats = PoolStats()
         self.picker = self._new_picker()
         # called with every booking (router/fleet/state_sync.py shares them with other replicas)
-        self.on_book: Callable[[Worker, RequestFeatures, int], None] | None = None
+        self.on_book: Callable[[Worker, RequestFeatures, Booking], None] | None = None
         for url in settings.workers:
             self.add(url)
 
@@ -281,7 +281,7 @@ class WorkerPool:
         """Book ``request`` on ``worker`` (:meth:`WorkerState.book`) and tell ``on_book``."""
         booking = worker.state.book(request, expected_output, radix_later=radix_later)
         if self.on_book is not None:
-            self.on_book(worker, request, expected_output)
+            self.on_book(worker, request, booking)
         return booking
 
     def healthy_workers(self) -> list[Worker]:

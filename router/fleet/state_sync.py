@@ -16,10 +16,14 @@ the others need to know, in the background:
 - **Load**: every ``state_load_interval_s`` (20 ms) each replica writes its own in-flight
   requests, pending prefill and decode tokens per worker (and its view of their health) to
   a hash that expires ``state_load_ttl_s`` (2 s) after its last write, and reads the
-  others' in the same round trip. Their sum is added to each worker's counters, so the
-  pickers' load terms see the whole fleet's load as of one interval ago, and a dead
+  others' in the same round trip. Their sum is added to each worker's counters, and a dead
   replica's load leaves the view within the TTL. A peer taking a worker out opens the
-  circuit here too.
+  circuit here too. Between two snapshots, each booking a peer makes reaches this replica's
+  counters with the booking itself (flush interval, not load interval): a booking carries
+  its prefill and decode tokens and the peer's booking count, and the snapshot says how many
+  bookings it counts, so a booking's load is added once, until the snapshot that holds it.
+  Without this, bursts split over two replicas went to the same worker, each replica blind
+  to the other's last ~30 ms (bench/scale_replay.py).
 - **Membership**: POST/DELETE /workers on one replica writes the shared worker set; every
   replica reconciles with it every 0.5 s. A starting replica adds its ``--worker`` flags to
   the set; a set lost with Redis's data is re-seeded from the replicas' own lists.
@@ -50,12 +54,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from policies.base import RequestFeatures
+from router.cache.worker_state import Booking
 from router.config import Settings, normalize_url
 from router.fleet.pool import Worker, WorkerPool
 
 log = logging.getLogger("cache_router.state_sync")
 
-FORMAT = 1  # in every key: bump when the encoding changes
+FORMAT = 2  # in every key: bump when the encoding changes
 OUTBOX_MAX = 50_000  # bookings kept while Redis is unreachable
 STREAM_MAXLEN = 20_000  # booking batches kept per replica (the backlog a new replica reads)
 STREAM_TTL_S = 600  # a replica's stream outlives its last write this long
@@ -65,9 +70,11 @@ MEMBERSHIP_INTERVAL_S = 0.5
 RETRY_S = 0.25  # pause of a loop after a failed Redis call
 CALL_TIMEOUT_S = 1.0  # a Redis call slower than this counts as a failure
 
-_ALIVE = b"_"  # a field every load hash has, so a replica without workers is seen alive
+_ALIVE = b"_"  # every load hash has it (a replica without workers is alive): its bookings count
 
-Outgoing = tuple[str, Sequence[int], str | None, int]  # url, blocks, session, footprint tokens
+# url, blocks, session, footprint tokens, prefill tokens, decode tokens, the replica's booking
+# count with this one
+Outgoing = tuple[str, Sequence[int], str | None, int, int, int, int]
 
 
 def _block_bytes(blocks: Sequence[int]) -> bytes:
@@ -113,21 +120,30 @@ class StateSync:
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self._last_ids: dict[str, bytes] = {}  # peer stream -> last entry read ("0": all)
+        self._booked = 0  # bookings made here (the count our load snapshots carry)
+        self._peer_booked: dict[str, int] = {}  # peer -> the count its last snapshot holds
+        # peer -> the load of its bookings newer than that snapshot: (count, url, prefill,
+        # decode), already in the workers' counters and remote_load
+        self._peer_newer: dict[str, deque[tuple[int, str, int, int]]] = {}
 
     # ---- the hot path --------------------------------------------------------------------
 
-    def record(self, worker: Worker, request: RequestFeatures, expected_output: int) -> None:
+    def record(self, worker: Worker, request: RequestFeatures, booking: Booking) -> None:
         """A booking to share (``WorkerPool.on_book``): one append, nothing else."""
         outbox = self.outbox
         if len(outbox) >= OUTBOX_MAX:
             outbox.popleft()
             self.stats.dropped += 1
+        self._booked += 1
         outbox.append(
             (
                 worker.url,
                 request.blocks,
                 request.session_id,
-                request.input_length + expected_output,
+                request.input_length + booking.decode_tokens,
+                booking.new_prefill,
+                booking.decode_tokens,
+                self._booked,
             )
         )
 
@@ -252,7 +268,7 @@ class StateSync:
         if not batch or self._client is None:
             return
         self.outbox = deque()
-        entries = [(url, _block_bytes(blocks), sid, n) for url, blocks, sid, n in batch]
+        entries = [(e[0], _block_bytes(e[1]), *e[2:]) for e in batch]
         payload = msgspec.msgpack.encode({"r": self.replica, "t": time.time(), "e": entries})
         try:
             async with self._client.pipeline(transaction=False) as pipe:
@@ -289,24 +305,27 @@ class StateSync:
                 self._apply_bookings(fields)
 
     def _apply_bookings(self, fields: dict) -> None:
-        """Another replica's batch: blocks into the shadows, sessions bound."""
+        """Another replica's batch: blocks into the shadows, sessions bound, and the load of
+        bookings its last load snapshot did not hold yet into the counters."""
         try:
             batch = msgspec.msgpack.decode(fields[b"d"])
-            replica, sent, entries = batch["r"], float(batch["t"]), batch["e"]
+            replica, sent, entries = str(batch["r"]), float(batch["t"]), batch["e"]
             if replica == self.replica:
                 return
             decoded = [
-                (str(url), array("Q", blocks), sid, int(tokens))
-                for url, blocks, sid, tokens in entries
+                (str(url), array("Q", blocks), sid, int(tokens), int(p), int(d), int(k))
+                for url, blocks, sid, tokens, p, d, k in entries
             ]
         except (KeyError, TypeError, ValueError, msgspec.DecodeError):
             self.stats.bad_entries += 1
             return
         workers = {w.url: (i, w) for i, w in enumerate(self.pool.workers)}
         sessions = getattr(self.pool.picker, "sessions", None)
+        snapshot = self._peer_booked.get(replica)  # None: no snapshot yet (a backlog)
+        newer = self._peer_newer.setdefault(replica, deque()) if snapshot is not None else None
         now = time.monotonic()
         applied = 0
-        for url, blocks, sid, tokens in decoded:
+        for url, blocks, sid, tokens, prefill, decode, count in decoded:
             found = workers.get(url)
             if found is None:
                 continue  # a worker this replica does not have (yet)
@@ -316,6 +335,9 @@ class StateSync:
                 worker.state.footprint.touch(sid, tokens, now)
                 if sessions is not None:
                     sessions.bind(sid, index)
+            if newer is not None and count > snapshot:
+                newer.append((count, url, max(0, prefill), max(0, decode)))
+                _add_remote(worker, 1, max(0, prefill), max(0, decode))
             applied += 1
         self.stats.count(self.stats.applied, "bookings", applied)
         self.stats.lag_s = max(0.0, time.time() - sent)
@@ -341,7 +363,7 @@ class StateSync:
     async def _exchange_load(self, client: aioredis.Redis) -> None:
         """Write ours, read the peers' (those of the last round), one round trip."""
         own = self.load_prefix + self.replica
-        mine: dict[bytes, bytes] = {_ALIVE: b"1"}
+        mine: dict[bytes, bytes] = {_ALIVE: b"%d" % self._booked}
         for w in self.pool.workers:
             st, (rn, rp, rd) = w.state, w.remote_load
             mine[w.url.encode()] = b"%d %d %d %d" % (
@@ -372,6 +394,15 @@ class StateSync:
                 self._add_peer_load(peer, load, totals)
             else:
                 dead.append(peer)
+        for peer in dead:
+            self._peer_booked.pop(peer, None)
+            self._peer_newer.pop(peer, None)
+        for newer in self._peer_newer.values():  # bookings no snapshot holds yet
+            for _, url, prefill, decode in newer:
+                total = totals.setdefault(url, [0, 0, 0])
+                total[0] += 1
+                total[1] += prefill
+                total[2] += decode
         self._apply_remote_load(totals)
         if dead:  # its load hash expired: gone (a late one would simply re-add itself)
             await client.srem(self.replicas_key, *dead)
@@ -383,6 +414,15 @@ class StateSync:
         self.stats.peers = len(self._peers)
 
     def _add_peer_load(self, peer: str, load: dict, totals: dict[str, list[int]]) -> None:
+        try:
+            booked = int(load.get(_ALIVE, b""))
+        except ValueError:
+            self.stats.bad_entries += 1
+        else:
+            self._peer_booked[peer] = booked
+            newer = self._peer_newer.get(peer)
+            while newer and newer[0][0] <= booked:  # the snapshot holds it now
+                newer.popleft()
         for key, value in load.items():
             if key == _ALIVE:
                 continue
@@ -405,6 +445,8 @@ class StateSync:
 
     def _apply_remote_load(self, totals: dict[str, list[int]]) -> None:
         """Swap each worker's previous remote load for ``totals`` in its counters."""
+        if not totals:  # nothing to trust: the bookings' load goes with the snapshots
+            self._peer_newer.clear()
         for w in self.pool.workers:
             n, p, d = totals.get(w.url, (0, 0, 0))
             rn, rp, rd = w.remote_load
@@ -456,6 +498,16 @@ class StateSync:
     @staticmethod
     def _meta(capacity_tokens: int) -> bytes:
         return orjson.dumps({"kv_capacity_tokens": capacity_tokens})
+
+
+def _add_remote(worker: Worker, requests: int, prefill: int, decode: int) -> None:
+    """A peer's load, into the worker's counters and its remote share of them."""
+    st = worker.state
+    st.num_requests += requests
+    st.pending_prefill_tokens += prefill
+    st.ongoing_decode_tokens += decode
+    rn, rp, rd = worker.remote_load
+    worker.remote_load = (rn + requests, rp + prefill, rd + decode)
 
 
 # The shared worker set exists once the epoch key does; a Redis that lost its data (or a

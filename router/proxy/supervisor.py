@@ -154,12 +154,12 @@ class PrivateRedis:
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None:
-            _end(proc, 5.0)
+            end_process(proc, 5.0)
         if self.own_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _end(proc: subprocess.Popen, timeout: float) -> None:
+def end_process(proc: subprocess.Popen, timeout: float) -> None:
     """SIGTERM, then SIGKILL after ``timeout``: only this process, by its PID."""
     if proc.poll() is None:
         proc.terminate()

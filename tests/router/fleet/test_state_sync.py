@@ -21,7 +21,7 @@ from policies.base import RequestFeatures
 from router.cache.block_hash import hash_blocks, token_bytes
 from router.config import load_settings
 from router.fleet.pool import WorkerPool
-from router.fleet.state_sync import StateSync
+from router.fleet.state_sync import FORMAT, StateSync
 
 WORKERS = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
 
@@ -87,6 +87,35 @@ async def test_bookings_sessions_and_load_reach_the_other_replica(redis):
         await until(lambda: wa.remote_load[0] == 1)
         await asyncio.sleep(0.1)
         assert wa.state.num_requests == 1 and wb.state.num_requests == 1
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_peers_booking_counts_at_once_and_once(redis):
+    """A booking's load arrives with the booking (flush interval), long before the next load
+    snapshot (here 0.5 s apart), and is counted once when the snapshot holds it too."""
+    slow = {"state_load_interval_s": 0.5, "state_load_ttl_s": 2.0}
+    a, b = replica(redis.url, "a", **slow), replica(redis.url, "b", **slow)
+    await a.start()
+    await b.start()
+    try:
+        await until(lambda: a.stats.peers == 1 and b.stats.peers == 1)
+        await asyncio.sleep(0.6)  # b has read a snapshot of a: new bookings count at once
+        wa = a.pool.workers[0]
+        wb = b.pool.get(wa.url)
+        booked_at = time.monotonic()
+        bookings = [a.pool.book(wa, features(10 + i), 50) for i in range(3)]
+        await until(lambda: wb.state.num_requests == 3, timeout=2.0)
+        assert time.monotonic() - booked_at < 0.4  # before a's next load snapshot
+        assert wb.state.pending_prefill_tokens == 3 * 2048
+        assert wb.state.ongoing_decode_tokens == 3 * 50 and wb.remote_load == (3, 6144, 150)
+        await asyncio.sleep(1.2)  # two snapshots later: the same three, counted once
+        assert wb.state.num_requests == 3 and wb.remote_load[0] == 3
+        for booking in bookings:
+            booking.finish()
+        await until(lambda: wb.state.num_requests == 0, timeout=3.0)
+        assert wb.remote_load == (0, 0, 0) and wb.state.pending_prefill_tokens == 0
     finally:
         await a.stop()
         await b.stop()
@@ -174,12 +203,14 @@ async def test_garbage_under_the_prefix_is_counted_not_fatal(redis):
     await b.start()
     try:
         await until(lambda: b.stats.peers == 1)
-        redis.command("XADD", "cache-router:v1:bookings:a", "*", "d", b"\xc1garbage")
-        redis.command("XADD", "cache-router:v1:bookings:a", "*", "x", "no payload")
-        redis.command("SADD", "cache-router:v1:replicas", "zz")
-        redis.command("HSET", "cache-router:v1:load:zz", "http://127.0.0.1:1", "not numbers")
-        redis.command("PEXPIRE", "cache-router:v1:load:zz", "60000")
-        redis.command("HSET", "cache-router:v1:workers", "\xff", "{")
+        redis.command("XADD", f"cache-router:v{FORMAT}:bookings:a", "*", "d", b"\xc1garbage")
+        redis.command("XADD", f"cache-router:v{FORMAT}:bookings:a", "*", "x", "no payload")
+        redis.command("SADD", f"cache-router:v{FORMAT}:replicas", "zz")
+        redis.command(
+            "HSET", f"cache-router:v{FORMAT}:load:zz", "http://127.0.0.1:1", "not numbers"
+        )
+        redis.command("PEXPIRE", f"cache-router:v{FORMAT}:load:zz", "60000")
+        redis.command("HSET", f"cache-router:v{FORMAT}:workers", "\xff", "{")
         await until(lambda: b.stats.bad_entries >= 4)
         req = features(4)
         a.pool.book(a.pool.workers[0], req, 0)  # and sharing goes on
