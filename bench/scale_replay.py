@@ -11,7 +11,10 @@ turn, repeated ``--reps`` times interleaved (the machine's noise hits all alike)
 - ``two replicas, not shared``: the same two without ``--state-url`` (the ablation, once).
 
 Reported per configuration: the workers' own hit rate (their prefix-cache counters), client
-TTFT p50/p90 (in the trace's seconds), errors; the summary is the mean over repetitions.
+TTFT p50/p90 (in the trace's seconds), errors; the summary is the mean over repetitions. For
+the shared replicas also how far each one's view of the other's load is from the other's own
+count, per worker, sampled every 50 ms during the replay (``load_error``: mean, p99, max, in
+requests).
 
     python bench/scale_replay.py --reps 3 --out bench/scale_replay.json
 """
@@ -22,9 +25,11 @@ import argparse
 import asyncio
 import json
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 import traces
@@ -58,6 +63,22 @@ def figures(outcome: ReplayOutcome, speedup: float) -> dict:
         "ttft_p50": round(float(np.percentile(ttft, 50)), 3),
         "ttft_p90": round(float(np.percentile(ttft, 90)), 3),
     }
+
+
+def sample_load_error(urls: Sequence[str], stop: threading.Event, out: list[int]) -> None:
+    """Until ``stop``: per worker, |one replica's remote load - the other's own load|."""
+    with httpx.Client(timeout=2) as client:
+        while not stop.wait(0.05):
+            try:
+                views = [client.get(u + "/workers").json() for u in urls]
+            except (httpx.HTTPError, ValueError):
+                continue
+            own = [
+                {w["url"]: w["num_requests"] - w["remote_num_requests"] for w in v} for v in views
+            ]
+            for i, view in enumerate(views):
+                for w in view:
+                    out.append(abs(w["remote_num_requests"] - own[1 - i].get(w["url"], 0)))
 
 
 class Bench:
@@ -94,13 +115,33 @@ class Bench:
                 self.folder, free_port(), [s.url.removeprefix("http://") for s in services]
             )
             url = lb.start().url
+        load_errors: list[int] = []
+        stop = threading.Event()
+        sampler = threading.Thread(
+            target=sample_load_error,
+            args=([s.url for s in services], stop, load_errors),
+            daemon=True,
+        )
+        if config == SHARED:
+            sampler.start()
         try:
-            return self.replay(url, config)
+            result = self.replay(url, config)
         finally:
+            stop.set()
+            if sampler.is_alive():
+                sampler.join(5)
             if config in (SHARED, ALONE):
                 lb.stop()
             for s in services:
                 s.stop()
+        if load_errors:
+            e = np.array(load_errors)
+            result["load_error"] = [
+                round(float(e.mean()), 3),
+                float(np.percentile(e, 99)),
+                int(e.max()),
+            ]
+        return result
 
 
 def measure(reps: int, configs: Sequence[str] = CONFIGS, once: Sequence[str] = (ALONE,),
@@ -127,6 +168,14 @@ def measure(reps: int, configs: Sequence[str] = CONFIGS, once: Sequence[str] = (
         | {"errors": sum(r["errors"] for r in rows), "runs": len(rows)}
         for name, rows in runs.items()
     }
+    for name, rows in runs.items():
+        errors = [r["load_error"] for r in rows if "load_error" in r]
+        if errors:  # mean of the means, the worst p99 and max
+            summary[name]["load_error"] = [
+                round(float(np.mean([e[0] for e in errors])), 3),
+                max(e[1] for e in errors),
+                max(e[2] for e in errors),
+            ]
     return {"window_s": window_s, "speedup": speedup, "runs": runs, "summary": summary}
 
 
@@ -143,6 +192,13 @@ def table(result: dict) -> str:
             f" | {s['ttft_p50']:.2f} | {s['ttft_p90']:.2f} | {s['ttft_p90'] / one['ttft_p90']:.2f}"
             f" | {s['errors']} |"
         )
+    for name, s in result["summary"].items():
+        if "load_error" in s:
+            mean, p99, worst = s["load_error"]
+            lines.append(
+                f"\n{name}: a replica's view of the other's load per worker is off by {mean:.2f}"
+                f" requests on average (p99 {p99:g}, max {worst:g}), sampled every 50 ms"
+            )
     return "\n".join(lines)
 
 
