@@ -23,6 +23,13 @@ Defaults describe one plausible deployment: an 8B-class model on one 80 GB GPU, 
 prefill tokens/s, decode steps of 12 ms plus 0.15 ms per running sequence (about 14 ms at 16
 sequences, 27 ms at 100), 256k tokens of KV cache (about 32 GB at 128 KiB per token).
 
+KV events (``events=True``): the model records what vLLM / SGLang publish with
+``--kv-events-config``: ``BlockStored`` for the blocks a request adds to the cache at
+admission (``block_hashes`` the block keys, ``parent_block_hash`` the key before them,
+``token_ids`` their pseudo-tokens, ``block_size`` 2) and ``BlockRemoved`` for every evicted
+node's keys, in the order they happen; :meth:`WorkerModel.take_events` hands them over (one
+batch per engine step, as the engines publish them).
+
 Decode-only stretches are simulated in one event: while nothing is waiting and no prefill
 is pending, the batch only changes when a request finishes, so the model jumps straight to
 that step (or to the step boundary after an arrival). A long trace thus costs a few events
@@ -38,6 +45,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.radix_tree import RadixTree, TreeNode
@@ -146,9 +155,13 @@ class WorkerModel:
         config: WorkerModelConfig | None = None,
         on_first_token: OnFirstToken | None = None,
         on_finish: OnFinish | None = None,
+        events: bool = False,
     ) -> None:
         self.config = config or WorkerModelConfig()
         self.cache = RadixTree(page_size=KEY_TOKENS, policy=self.config.eviction_policy)
+        self.events: list[dict[str, Any]] | None = [] if events else None
+        if events:
+            self.cache.on_evict = self._evicted
         self.on_first_token = on_first_token or (lambda r, t: None)
         self.on_finish = on_finish or (lambda r, t: None)
         self.waiting: deque[SimRequest] = deque()
@@ -186,6 +199,34 @@ class WorkerModel:
     def cached_prefix_blocks(self, blocks: Sequence[int]) -> int:
         """Leading ``blocks`` in the KV cache now (a lookup: no split, no lock, no touch)."""
         return self.cache.prefix_length(keys_as_tokens(blocks)) // KEY_TOKENS
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """The KV events recorded since the last call (empty without ``events=True``)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events
+
+    def _evicted(self, key: bytes) -> None:
+        keys = np.frombuffer(key, dtype="<u8").tolist()
+        self.events.append({"type": "BlockRemoved", "block_hashes": keys, "medium": "GPU"})
+
+    def _stored(self, blocks: Sequence[int], hit_blocks: int) -> None:
+        new = blocks[hit_blocks:]
+        if not new:
+            return
+        tokens = np.frombuffer(keys_as_tokens(new), dtype="<u4").tolist()
+        self.events.append(
+            {
+                "type": "BlockStored",
+                "block_hashes": list(new),
+                "parent_block_hash": blocks[hit_blocks - 1] if hit_blocks else None,
+                "token_ids": tokens,
+                "block_size": KEY_TOKENS,
+                "medium": "GPU",
+            }
+        )
 
     # ---- driving -----------------------------------------------------------------------
 
@@ -259,6 +300,8 @@ class WorkerModel:
                 return  # head of line waits for memory
             self.waiting.popleft()
             req.node = cache.insert(tokens, lock=True).node
+            if self.events is not None:
+                self._stored(req.blocks, hit_blocks)
             cache.dec_lock_ref(match.node)
             req.extra_blocks = extra
             self.extra_blocks += extra

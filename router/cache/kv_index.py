@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,7 +114,8 @@ class KVIndex:
     event confirms a block (it leaves ``_unconfirmed``), so a later removal is never masked.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # the simulator passes its virtual time
         self.block_size: int | None = None
         self.synced = False
         self._blocks: dict[BlockHash, list[int]] = {}  # vLLM hash -> [our key, copies]
@@ -221,7 +222,7 @@ class KVIndex:
             if key not in stored:
                 unconfirmed[key] = unconfirmed.get(key, 0) + 1
                 waiting.append(key)
-        now = time.monotonic()
+        now = self.clock()
         if waiting:
             self._grace.append((now + PIN_GRACE_S, waiting))
         self.expire(now)
@@ -229,7 +230,7 @@ class KVIndex:
     def expire(self, now: float | None = None) -> None:
         """Stop counting finished requests' blocks whose grace is over."""
         grace, unconfirmed = self._grace, self._unconfirmed
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         while grace and grace[0][0] <= now:
             for key in grace.popleft()[1]:
                 left = unconfirmed.get(key, 0) - 1
