@@ -114,8 +114,8 @@ class KVIndex:
     event confirms a block (it leaves ``_unconfirmed``), so a later removal is never masked.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock  # the simulator passes its virtual time
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock = clock  # the simulator passes its virtual time; None: time.monotonic
         self.block_size: int | None = None
         self.synced = False
         self._blocks: dict[BlockHash, list[int]] = {}  # vLLM hash -> [our key, copies]
@@ -222,7 +222,7 @@ class KVIndex:
             if key not in stored:
                 unconfirmed[key] = unconfirmed.get(key, 0) + 1
                 waiting.append(key)
-        now = self.clock()
+        now = self.clock() if self.clock is not None else time.monotonic()
         if waiting:
             self._grace.append((now + PIN_GRACE_S, waiting))
         self.expire(now)
@@ -230,7 +230,8 @@ class KVIndex:
     def expire(self, now: float | None = None) -> None:
         """Stop counting finished requests' blocks whose grace is over."""
         grace, unconfirmed = self._grace, self._unconfirmed
-        now = self.clock() if now is None else now
+        if now is None:
+            now = self.clock() if self.clock is not None else time.monotonic()
         while grace and grace[0][0] <= now:
             for key in grace.popleft()[1]:
                 left = unconfirmed.get(key, 0) - 1
