@@ -1,12 +1,11 @@
-"""Shadow fidelity in the simulator: trace x workers x rate x mode, before and after.
+"""Shadow fidelity in the simulator: trace x workers x rate x mode.
 
     nice .venv/bin/python bench/fidelity.py --out bench/fidelity.json > bench/fidelity.md
 
-Modes: ``blocks`` / ``radix`` (approximate: the router's own shadows), each without and with
-the memory-pressure rule (``router/cache/pressure.py``; without = the behaviour before it),
-and ``kv`` (precise: the worker models' KV events, ``--kv-delay-ms`` late). Shadow error =
-mean |estimate at booking - true cached tokens| / prompt tokens. Pickers: the default (ttft)
-and unified; hit rate and TTFT p90 are the worker models' true figures.
+Modes: ``blocks`` / ``radix`` (approximate: the router's own shadows) and ``kv events``
+(precise: the worker models' KV events, ``--kv-delay-ms`` late, into the router's KVIndex).
+Shadow error = mean |estimate at booking - true cached tokens| / prompt tokens. Pickers: the
+default (ttft) and unified; hit rate and TTFT p90 are the worker models' true figures.
 """
 
 from __future__ import annotations
@@ -20,9 +19,7 @@ from traces.simulate import make_sim_picker
 from traces.simulator import SimConfig, simulate
 
 MODES = {
-    "blocks (before)": {"shadow": "blocks", "expect_eviction": False},
     "blocks": {"shadow": "blocks"},
-    "radix (before)": {"shadow": "radix", "expect_eviction": False},
     "radix": {"shadow": "radix"},
     "kv events": {"kv_events": True},
 }

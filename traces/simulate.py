@@ -117,11 +117,6 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--kv-event-delay-ms", type=float, default=50.0, help="event batch latency")
     p.add_argument("--kv-event-loss", type=float, default=0.0, help="fraction of batches lost")
-    p.add_argument(
-        "--no-expect-eviction",
-        action="store_true",
-        help="book the shadows' estimates as they are under memory pressure",
-    )
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -133,7 +128,6 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         worker=worker,
         shadow=args.shadow,
         speedup=args.speedup,
-        expect_eviction=not getattr(args, "no_expect_eviction", False),
         kv_events=getattr(args, "kv_events", False),
         kv_event_delay_s=getattr(args, "kv_event_delay_ms", 50.0) / 1000,
         kv_event_loss=getattr(args, "kv_event_loss", 0.0),

@@ -48,7 +48,6 @@ class SimConfig:
     shadow_capacity_tokens: int | None = None  # default: the workers' KV capacity
     speedup: float = 1.0  # divide arrival times by this
     samples: int = 400  # points of the per-worker in-flight time series
-    expect_eviction: bool = True  # pressure-capped booked estimates (router/cache/pressure.py)
     kv_events: bool = False  # precise mode: the models' KV events feed the router's index
     kv_event_delay_s: float = 0.05
     kv_event_loss: float = 0.0  # fraction of event batches lost on the way
@@ -131,7 +130,6 @@ def make_worker_states(config: SimConfig) -> list[WorkerState]:
             shadow=config.shadow,
             radix_token_weight=BLOCK_TOKENS // KEY_TOKENS,
             rate=PrefillRate(config.worker.prefill_tokens_per_s),
-            expect_eviction=config.expect_eviction,
         )
         for i in range(config.workers)
     ]
