@@ -25,10 +25,14 @@ sequences, 27 ms at 100), 256k tokens of KV cache (about 32 GB at 128 KiB per to
 
 KV events (``events=True``): the model records what vLLM / SGLang publish with
 ``--kv-events-config``: ``BlockStored`` for the blocks a request adds to the cache at
-admission (``block_hashes`` the block keys, ``parent_block_hash`` the key before them,
-``token_ids`` their pseudo-tokens, ``block_size`` 2) and ``BlockRemoved`` for every evicted
-node's keys, in the order they happen; :meth:`WorkerModel.take_events` hands them over (one
-batch per engine step, as the engines publish them).
+admission (``block_hashes`` the block keys, ``parent_block_hash`` the key before them),
+``BlockRemoved`` for every evicted node's keys, and ``AllBlocksCleared`` at
+:meth:`WorkerModel.reset_cache`, in the order they happen; :meth:`WorkerModel.take_events`
+hands them over (one batch per engine step, as the engines publish them). A request with
+its prompt's token ids (``SimRequest.tokens``, the live sim worker) stores its blocks as an
+engine does: ``token_ids`` the ids, ``block_size`` 512; without them (the offline
+simulator) ``token_ids`` are the keys' pseudo-tokens and ``block_size`` 2, which the
+simulator's requests use too.
 
 Decode-only stretches are simulated in one event: while nothing is waiting and no prefill
 is pending, the batch only changes when a request finishes, so the model jumps straight to
@@ -48,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
+from router.cache.block_hash import KEY_TOKENS, TOKEN_BYTES, keys_as_tokens
 from router.cache.radix_tree import RadixTree, TreeNode
 from traces.record import BLOCK_TOKENS
 
@@ -123,6 +127,7 @@ class SimRequest:
     input_length: int
     output_length: int
     tag: object = None  # the caller's handle (booking, HTTP waiter...)
+    tokens: bytes | None = None  # the prompt's token ids (uint32 LE), for KV events
     cached_tokens: int = 0
     prefill_left: int = 0
     extra_blocks: int = 0  # tail of the prompt + output, not in the tree
@@ -212,18 +217,30 @@ class WorkerModel:
         keys = np.frombuffer(key, dtype="<u8").tolist()
         self.events.append({"type": "BlockRemoved", "block_hashes": keys, "medium": "GPU"})
 
-    def _stored(self, blocks: Sequence[int], hit_blocks: int) -> None:
+    def reset_cache(self) -> None:
+        """Drop every cached block (the caller checks nothing runs), as an engine's reset."""
+        self.cache.reset()
+        if self.events is not None:
+            self.events.append({"type": "AllBlocksCleared"})
+
+    def _stored(self, req: SimRequest, hit_blocks: int) -> None:
+        blocks = req.blocks
         new = blocks[hit_blocks:]
         if not new:
             return
-        tokens = np.frombuffer(keys_as_tokens(new), dtype="<u4").tolist()
+        if req.tokens is not None:  # the engine's view: the blocks' token ids
+            step = BLOCK_TOKENS * TOKEN_BYTES
+            ids = req.tokens[hit_blocks * step : len(blocks) * step]
+            size = BLOCK_TOKENS
+        else:  # the simulator's: the keys' pseudo-tokens (as its requests carry)
+            ids, size = keys_as_tokens(new), KEY_TOKENS
         self.events.append(
             {
                 "type": "BlockStored",
                 "block_hashes": list(new),
                 "parent_block_hash": blocks[hit_blocks - 1] if hit_blocks else None,
-                "token_ids": tokens,
-                "block_size": KEY_TOKENS,
+                "token_ids": np.frombuffer(ids, dtype="<u4").tolist(),
+                "block_size": size,
                 "medium": "GPU",
             }
         )
@@ -301,7 +318,7 @@ class WorkerModel:
             self.waiting.popleft()
             req.node = cache.insert(tokens, lock=True).node
             if self.events is not None:
-                self._stored(req.blocks, hit_blocks)
+                self._stored(req, hit_blocks)
             cache.dec_lock_ref(match.node)
             req.extra_blocks = extra
             self.extra_blocks += extra

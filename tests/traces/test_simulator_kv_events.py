@@ -59,3 +59,21 @@ def test_lost_batches_are_replayed_and_the_index_stays_synced():
     assert all(s.kv_index.synced for s in states)
     assert sum(s.kv_index.stats.replays for s in states) > 0
     assert sum(s.kv_index.stats.gaps for s in states) > 0
+
+
+def test_live_requests_store_their_token_ids_and_a_reset_clears():
+    from router.cache.block_hash import hash_blocks, token_bytes
+
+    ids = list(range(1, 1300))  # two full 512-token blocks and a partial one
+    buf = token_bytes(ids)
+    blocks = tuple(hash_blocks(buf))
+    model = WorkerModel(SMALL, events=True)
+    model.submit(SimRequest(blocks, len(ids), 1, tokens=buf), 0.0)
+    while model.next_event is not None:
+        model.advance(model.next_event)
+    (stored,) = model.take_events()
+    assert stored["block_size"] == 512 and stored["token_ids"] == ids[:1024]
+    assert stored["block_hashes"] == list(blocks)
+    model.reset_cache()
+    assert model.take_events() == [{"type": "AllBlocksCleared"}]
+    assert model.cached_prefix_blocks(blocks) == 0
