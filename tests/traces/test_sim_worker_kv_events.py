@@ -86,7 +86,7 @@ def test_multi_turn_replay_index_matches_the_workers(direction: str, flavor: str
             wait_until(lambda: kv_ready(svc.url, 3), "synced publishers")
             config = ReplayConfig(url=svc.url, speedup=4.0, max_output_tokens=16)
             outcome = asyncio.run(replay(trace, config, "lmetric"))
-            assert outcome.errors == 0
+            assert outcome.errors == 0 and outcome.worker_hit_rate is not None
             t = totals(svc.url)
     # every booking is answered by the index, but for a worker's first ones before it knows
     # the block size (from the first stored event, or vLLM's /metrics)
