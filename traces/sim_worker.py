@@ -8,6 +8,11 @@ real queueing and a real prefix cache, without a GPU. It speaks vLLM's API
 and reports the prompt tokens it found cached in ``usage.prompt_tokens_details.cached_tokens``
 (``meta_info.cached_tokens`` for ``/generate``).
 
+``--flavor sglang`` exports SGLang's metric names instead and encodes KV events as SGLang
+does; ``--kv-events-config`` publishes the model's KV events over ZMQ as both engines do
+(:mod:`traces.kv_event_publisher`, :mod:`traces.kv_event_wire`), so precise mode runs live
+without a GPU.
+
 The engine that runs the model in real time, and the metrics, are in
 :mod:`traces.sim_worker_engine`; request parsing and bodies in :mod:`traces.sim_worker_api`.
 
