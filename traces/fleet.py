@@ -10,6 +10,7 @@ also when the caller fails, via the context managers.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -79,14 +80,38 @@ def start_service(name: str, args: Sequence[str], port: int, ready_path: str = "
     raise RuntimeError(f"{name} did not become ready within {timeout_s:.0f} s")
 
 
+KV_EVENTS_PORT_OFFSET = 400  # cache-router serve's --kv-events-port-offset default
+KV_EVENTS_REPLAY_OFFSET = 500  # and --kv-events-replay-offset
+
+
+def kv_events_args(port: int, direction: str, replay: bool = True) -> list[str]:
+    """``sim-worker`` flags that publish KV events where ``serve --kv-events`` looks for the
+    worker on ``port`` (default offsets): ``direction`` "router-binds" (the worker connects
+    its publisher, as vLLM's ``tcp://ROUTER:P`` endpoint) or "worker-binds" (the router runs
+    with ``--kv-events-connect``). The replay socket is always the worker's."""
+    if direction not in ("router-binds", "worker-binds"):
+        raise ValueError("direction must be router-binds or worker-binds")
+    config: dict[str, str] = {"publisher": "zmq"}
+    config["endpoint"] = f"tcp://{HOST}:{port + KV_EVENTS_PORT_OFFSET}"
+    if replay:
+        config["replay_endpoint"] = f"tcp://{HOST}:{port + KV_EVENTS_REPLAY_OFFSET}"
+    args = ["--kv-events-config", json.dumps(config)]
+    return [*args, "--kv-events-bind"] if direction == "worker-binds" else args
+
+
 @contextlib.contextmanager
-def sim_workers(count: int, extra_args: Sequence[str] = ()) -> Iterator[list[Service]]:
-    """``count`` simulated workers, stopped on exit."""
+def sim_workers(
+    count: int, extra_args: Sequence[str] = (), kv_events: str | None = None
+) -> Iterator[list[Service]]:
+    """``count`` simulated workers, stopped on exit; ``kv_events``: a direction of
+    :func:`kv_events_args`, each worker publishing at its own port's offsets."""
     started: list[Service] = []
     try:
         for i in range(count):
             port = free_port()
             args = ["sim-worker", "--host", HOST, "--port", str(port), *extra_args]
+            if kv_events is not None:
+                args += kv_events_args(port, kv_events)
             started.append(start_service(f"sim-worker-{i}", args, port))
         yield started
     finally:

@@ -5,7 +5,8 @@ ones have finished, streamed, with its session in the session header, so time to
 and time per output token are measured at the client as users see them. Prompts are rebuilt
 from the trace's block keys (:mod:`traces.prompts`) so the workers' real caches see the
 trace's prefix reuse. The workers' own ``/metrics`` are read before and after: the hit rate
-reported is theirs (vLLM's prefix-cache counters), not the router's estimate.
+reported is theirs (vLLM's prefix-cache counters or SGLang's realtime tokens), not the router's
+estimate.
 
 The report has ``simulate``'s shape (:mod:`traces.report`); ``hit_rate`` is the workers'
 metric, ``reported_hit_rate`` the sum of ``cached_tokens`` in the responses.
@@ -21,15 +22,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
 from router.fleet.upstream import ConnectFailed, ConnectionLost, UpstreamError, UpstreamPool
+from router.fleet.worker_truth import parse_worker_metrics
 from traces.prompts import prompt_text, prompt_token_ids
 from traces.record import TraceRequest
 from traces.simulator import PolicyRun
 
-HITS = "vllm:prefix_cache_hits_total"
-QUERIES = "vllm:prefix_cache_queries_total"
+HITS = "prefix_cache_hits"  # tokens, vLLM's counters or SGLang's realtime_tokens
+QUERIES = "prefix_cache_queries"
 WORKER_HEADER = b"x-cache-router-worker"
 
 
@@ -71,12 +72,9 @@ class ReplayOutcome:
 
 
 def _counter_sums(text: str) -> dict[str, float]:
-    sums = {HITS: 0.0, QUERIES: 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in sums:
-                sums[sample.name] += sample.value
-    return sums
+    """The prefix-cache counters of a vLLM or SGLang page, read as the router reads them."""
+    reading = parse_worker_metrics(text)
+    return {HITS: reading.prefix_cache_hits or 0.0, QUERIES: reading.prefix_cache_queries or 0.0}
 
 
 class _Clients:

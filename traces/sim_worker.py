@@ -8,6 +8,11 @@ real queueing and a real prefix cache, without a GPU. It speaks vLLM's API
 and reports the prompt tokens it found cached in ``usage.prompt_tokens_details.cached_tokens``
 (``meta_info.cached_tokens`` for ``/generate``).
 
+``--flavor sglang`` exports SGLang's metric names instead and encodes KV events as SGLang
+does; ``--kv-events-config`` publishes the model's KV events over ZMQ as both engines do
+(:mod:`traces.kv_event_publisher`, :mod:`traces.kv_event_wire`), so precise mode runs live
+without a GPU.
+
 The engine that runs the model in real time, and the metrics, are in
 :mod:`traces.sim_worker_engine`; request parsing and bodies in :mod:`traces.sim_worker_api`.
 
@@ -18,6 +23,7 @@ end, holding its blocks), sampling, logprobs, n > 1, batched prompts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
@@ -35,6 +41,8 @@ from starlette.routing import Route
 
 from router import __version__
 from router.cache.radix_tree import EVICTION_POLICIES
+from traces.kv_event_publisher import KVEventPublisher, PublisherConfig, config_from_json
+from traces.kv_event_wire import FLAVORS, Flavor
 from traces.record import BLOCK_TOKENS
 from traces.sim_worker_api import (
     ApiError,
@@ -46,7 +54,13 @@ from traces.sim_worker_api import (
     parse_generate,
     parse_tokenize,
 )
-from traces.sim_worker_engine import Handle, RealTimeWorker, VllmCollector, WorkerUnavailable
+from traces.sim_worker_engine import (
+    Handle,
+    RealTimeWorker,
+    SglangCollector,
+    VllmCollector,
+    WorkerUnavailable,
+)
 from traces.worker_model import WorkerModelConfig, add_model_options, model_config_from_args
 
 
@@ -59,8 +73,12 @@ class SimWorkerConfig:
     time_scale: float = 1.0  # model seconds per real second; > 1 runs faster (tests)
     seed: int | None = None  # response ids only: the model itself is deterministic
     max_model_len: int | None = None  # None: the KV capacity, as vLLM caps it
+    flavor: Flavor = "vllm"  # the engine it imitates: /metrics names, KV event encoding
+    kv_events: PublisherConfig | None = None  # publish KV events (traces/kv_event_publisher.py)
 
     def __post_init__(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ValueError(f"flavor must be one of {FLAVORS}, not {self.flavor!r}")
         m = self.model
         if not self.time_scale > 0:
             raise ValueError("time scale must be positive")
@@ -90,7 +108,8 @@ class _Service:
         self.created = int(time.time())
         self._rng = random.Random(config.seed)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(VllmCollector(worker, config.model_name))
+        collector = SglangCollector if config.flavor == "sglang" else VllmCollector
+        self.registry.register(collector(worker, config.model_name))
 
     async def _body(self, request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -120,7 +139,9 @@ class _Service:
         """Submit to the model; answer at the finish, or stream from the first token."""
         prompt = gen.prompt
         try:
-            handle = self.worker.submit(prompt.blocks, prompt.input_length, gen.max_tokens)
+            handle = self.worker.submit(
+                prompt.blocks, prompt.input_length, gen.max_tokens, prompt.tokens
+            )
         except WorkerUnavailable as exc:
             raise _unavailable(exc) from None
         prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "generate": ""}[gen.kind]
@@ -237,9 +258,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(config: SimWorkerConfig | None = None) -> Starlette:
-    """The ASGI app of one simulated worker (``app.state.worker`` is its RealTimeWorker)."""
+    """The ASGI app of one simulated worker (``app.state.worker`` is its RealTimeWorker;
+    ``app.state.kv_events`` its KV event publisher or None, closed at shutdown, or by the
+    caller when it runs the app without lifespan)."""
     config = config or SimWorkerConfig()
-    worker = RealTimeWorker(config.model, config.time_scale)
+    publisher = KVEventPublisher(config.kv_events) if config.kv_events is not None else None
+    on_events = publisher.publish if publisher is not None else None
+    worker = RealTimeWorker(config.model, config.time_scale, on_events)
     svc = _Service(config, worker)
     post, get = ["POST"], ["GET"]
     routes = [
@@ -252,11 +277,22 @@ def create_app(config: SimWorkerConfig | None = None) -> Starlette:
         Route("/version", svc.version, methods=get),
         Route("/metrics", svc.metrics, methods=get),
         Route("/reset_prefix_cache", svc.reset_prefix_cache, methods=post),
+        Route("/flush_cache", svc.reset_prefix_cache, methods=[*post, *get]),  # SGLang's
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error}
-    app = Starlette(routes=routes, exception_handlers=handlers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if publisher is not None:
+                publisher.close()
+
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
     app.state.worker = worker
     app.state.config = config
+    app.state.kv_events = publisher
     return app
 
 
@@ -300,6 +336,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="seed for response ids")
     p.add_argument(
+        "--flavor",
+        choices=FLAVORS,
+        default="vllm",
+        help="the engine imitated: /metrics names and the KV event encoding",
+    )
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="publish KV events, as vLLM's / SGLang's flag of this name: "
+        '\'{"publisher": "zmq", "endpoint": "tcp://*:5557", '
+        '"replay_endpoint": "tcp://*:5558", "topic": ""}\'',
+    )
+    p.add_argument(
+        "--kv-events-bind",
+        action="store_true",
+        help="bind the events endpoint even when it names a host (engines connect then)",
+    )
+    p.add_argument(
+        "--kv-events-drop",
+        default="",
+        metavar="SEQ,...",
+        help="tests: batches with these sequence numbers are kept for replay, never sent",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -312,7 +373,26 @@ def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
     model = model_config_from_args(
         args, max_running=args.max_running, eviction_policy=args.eviction_policy
     )
-    return SimWorkerConfig(model, args.model_name, args.time_scale, args.seed, args.max_model_len)
+    events = None
+    if args.kv_events_config:
+        try:
+            raw = json.loads(args.kv_events_config)
+        except ValueError as exc:
+            raise ValueError(f"--kv-events-config is not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ValueError("--kv-events-config must be a JSON object")
+        drop = [int(x) for x in args.kv_events_drop.split(",") if x.strip()]
+        bind = True if args.kv_events_bind else None
+        events = config_from_json(raw, args.flavor, bind, drop)
+    return SimWorkerConfig(
+        model,
+        args.model_name,
+        args.time_scale,
+        args.seed,
+        args.max_model_len,
+        flavor=args.flavor,
+        kv_events=events,
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

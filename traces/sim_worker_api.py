@@ -28,7 +28,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from router.cache.block_hash import BLOCK_SIZE, TOKEN_BYTES, hash_blocks, hash_bytes_blocks
+from router.cache.block_hash import (
+    BLOCK_SIZE,
+    TOKEN_BYTES,
+    hash_blocks,
+    hash_bytes_blocks,
+    token_bytes,
+)
 
 Kind = Literal["chat", "completion", "generate"]
 
@@ -56,10 +62,12 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Prompt:
-    """What the worker model needs from a prompt."""
+    """What the worker model needs from a prompt (``tokens``: its ids as uint32 LE bytes,
+    what a KV event's ``token_ids`` carry)."""
 
     blocks: tuple[int, ...]
     input_length: int
+    tokens: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -80,17 +88,18 @@ class GenRequest:
 def prompt_from_text(text: str) -> Prompt:
     """Blocks of 2048 UTF-8 bytes (512 four-byte "tokens"); see the module docstring."""
     data = text.encode()
-    return Prompt(
-        tuple(hash_bytes_blocks(data, BLOCK_SIZE * TOKEN_BYTES)), math.ceil(len(data) / 4)
-    )
+    blocks = tuple(hash_bytes_blocks(data, BLOCK_SIZE * TOKEN_BYTES))
+    padded = data + b"\0" * (-len(data) % TOKEN_BYTES)  # = text_token_ids(text) as bytes
+    return Prompt(blocks, math.ceil(len(data) / 4), padded)
 
 
 def prompt_from_ids(ids: list[int]) -> Prompt:
     """Blocks of 512 token ids, hashed as the router hashes client-supplied ids."""
     try:
-        return Prompt(tuple(hash_blocks(ids)), len(ids))
+        buf = token_bytes(ids)
     except ValueError as exc:
         raise ApiError(f"invalid token ids: {exc}") from None
+    return Prompt(tuple(hash_blocks(buf)), len(ids), buf)
 
 
 def text_token_ids(text: str) -> list[int]:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -64,8 +65,15 @@ def _resolve(fut: asyncio.Future[float], t: float) -> None:
 class RealTimeWorker:
     """Owns one :class:`WorkerModel` and keeps it in step with the event loop's clock."""
 
-    def __init__(self, config: WorkerModelConfig, time_scale: float = 1.0) -> None:
-        self.model = WorkerModel(config, self._on_first_token, self._on_finish)
+    def __init__(
+        self,
+        config: WorkerModelConfig,
+        time_scale: float = 1.0,
+        on_events: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> None:
+        events = on_events is not None
+        self.model = WorkerModel(config, self._on_first_token, self._on_finish, events=events)
+        self.on_events = on_events  # each engine step's KV events (one batch), when recorded
         self.scale = time_scale
         self.generation_tokens = 0
         self.failed: BaseException | None = None
@@ -101,12 +109,19 @@ class RealTimeWorker:
     def idle(self) -> bool:
         return self.model.num_running == 0 and self.model.num_waiting == 0
 
-    def submit(self, blocks: tuple[int, ...], input_length: int, output_length: int) -> Handle:
-        """Queue a request at model time now; await ``handle.first`` / ``handle.done``."""
+    def submit(
+        self,
+        blocks: tuple[int, ...],
+        input_length: int,
+        output_length: int,
+        tokens: bytes | None = None,
+    ) -> Handle:
+        """Queue a request at model time now; await ``handle.first`` / ``handle.done``.
+        ``tokens``: the prompt's ids, which its KV events carry."""
         if self.failed is not None:
             raise WorkerUnavailable(str(self.failed))
         loop = self._bind()
-        req = SimRequest(blocks=blocks, input_length=input_length, output_length=output_length)
+        req = SimRequest(blocks, input_length, output_length, tokens=tokens)
         handle = Handle(req, loop.create_future(), loop.create_future(), loop.time())
         req.tag = handle
         self.sync()
@@ -123,6 +138,7 @@ class RealTimeWorker:
         try:
             while model.next_event is not None and model.next_event <= now:
                 model.advance(model.next_event)
+                self._publish()
         except Exception as exc:  # a model bug: fail loudly, never hang clients
             self._fail(exc)
 
@@ -131,8 +147,15 @@ class RealTimeWorker:
         self.sync()
         if not self.idle:
             return False
-        self.model.cache.reset()
+        self.model.reset_cache()
+        self._publish()
         return True
+
+    def _publish(self) -> None:
+        if self.on_events is not None:
+            events = self.model.take_events()
+            if events:
+                self.on_events(events)
 
     async def progress(self, handle: Handle) -> AsyncIterator[int]:
         """How many output tokens exist, as they appear (see the module docstring)."""
@@ -257,3 +280,77 @@ class VllmCollector(Collector):
         blocks = str(model.config.capacity_blocks)
         info.add_metric([str(BLOCK_TOKENS), blocks, "True", "0"], 1.0)
         yield info
+
+
+class SglangCollector(Collector):
+    """SGLang's metric names (``--enable-metrics``), from the same books as
+    :class:`VllmCollector`: what the router's worker truth reads from a real SGLang server
+    (:mod:`router.fleet.worker_truth`), in the shape of the committed real sample
+    (``tests/router/fleet/data/sglang_metrics.txt``: one ``model_name`` label), plus the
+    newer ``max_total_num_tokens`` and ``realtime_tokens_total{mode}``.
+    """
+
+    def __init__(self, worker: RealTimeWorker, model_name: str) -> None:
+        self.worker = worker
+        self.labels = {"model_name": model_name}
+
+    def collect(self) -> Iterator[Metric]:
+        worker, model = self.worker, self.worker.model
+        keys, values = list(self.labels), list(self.labels.values())
+        stats = model.stats
+        pool = model.config.capacity_blocks * BLOCK_TOKENS
+        usage = worker.kv_in_use()
+
+        def family(kind: type, name: str, doc: str, value: float) -> Metric:
+            metric = kind(name, doc, labels=keys)
+            metric.add_metric(values, value)
+            return metric
+
+        yield family(
+            CounterMetricFamily,
+            "sglang:prompt_tokens",
+            "Number of prefill tokens processed.",
+            stats.prompt_tokens,
+        )
+        yield family(
+            CounterMetricFamily,
+            "sglang:generation_tokens",
+            "Number of generation tokens processed.",
+            worker.generation_tokens,
+        )
+        realtime = CounterMetricFamily(
+            "sglang:realtime_tokens",
+            "Number of tokens processed, by mode.",
+            labels=[*keys, "mode"],
+        )
+        realtime.add_metric([*values, "prefill_compute"], stats.prompt_tokens - stats.cached_tokens)
+        realtime.add_metric([*values, "prefill_cache"], stats.cached_tokens)
+        realtime.add_metric([*values, "decode"], worker.generation_tokens)
+        yield realtime
+        yield family(GaugeMetricFamily, "sglang:token_usage", "The token usage", usage)
+        hit_rate = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+        yield family(GaugeMetricFamily, "sglang:cache_hit_rate", "The cache hit rate", hit_rate)
+        yield family(
+            GaugeMetricFamily,
+            "sglang:num_running_reqs",
+            "The number of running requests",
+            model.num_running,
+        )
+        yield family(
+            GaugeMetricFamily,
+            "sglang:num_used_tokens",
+            "The number of used tokens",
+            round(usage * pool),
+        )
+        yield family(
+            GaugeMetricFamily,
+            "sglang:max_total_num_tokens",
+            "Maximum total number of tokens in the KV cache pool",
+            pool,
+        )
+        yield family(
+            GaugeMetricFamily,
+            "sglang:num_queue_reqs",
+            "The number of requests in the waiting queue",
+            model.num_waiting,
+        )

@@ -110,13 +110,29 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
     p.add_argument("--seed", type=int, default=0, help="seed for random pickers")
     p.add_argument("--max-output-tokens", type=int, default=None, help="cap output lengths")
+    p.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="precise mode: the workers' KV events feed the router's KV-event index",
+    )
+    p.add_argument("--kv-event-delay-ms", type=float, default=50.0, help="event batch latency")
+    p.add_argument("--kv-event-loss", type=float, default=0.0, help="fraction of batches lost")
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     if args.workers < 1 or args.speedup <= 0 or args.kv_capacity_tokens < 512:
         raise ValueError("need --workers >= 1, --speedup > 0, --kv-capacity-tokens >= 512")
     worker = model_config_from_args(args)
-    return SimConfig(workers=args.workers, worker=worker, shadow=args.shadow, speedup=args.speedup)
+    return SimConfig(
+        workers=args.workers,
+        worker=worker,
+        shadow=args.shadow,
+        speedup=args.speedup,
+        kv_events=getattr(args, "kv_events", False),
+        kv_event_delay_s=getattr(args, "kv_event_delay_ms", 50.0) / 1000,
+        kv_event_loss=getattr(args, "kv_event_loss", 0.0),
+        seed=args.seed,
+    )
 
 
 def run_and_report(

@@ -7,6 +7,13 @@ everything released at completion). Only the clock and the workers are simulated
 worker is a :class:`traces.worker_model.WorkerModel` with a real radix KV cache, so the hit
 rate reported here is the workers' true one, and the shadow's error is measured against it.
 
+Precise mode (``kv_events``): the worker models record their KV events, each engine step's
+events become one batch that reaches the router ``kv_event_delay_s`` later (a fraction
+``kv_event_loss`` of batches never arrives) and feeds the router's own
+:class:`router.cache.kv_index.KVEventFeed` / ``KVIndex``, which answers the estimates while
+synced. A gap is filled from the worker's replay buffer at once (the live sim worker serves
+the same buffer over its replay socket).
+
 Picks are timed with the wall clock (``pick_us``); everything else is virtual time.
 """
 
@@ -23,6 +30,7 @@ import numpy as np
 from policies.base import Picker, RequestFeatures
 from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.block_lru import BlockLRU
+from router.cache.kv_index import KVEventFeed, KVIndex
 from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
 from router.cache.workload import PrefillRate
@@ -40,6 +48,10 @@ class SimConfig:
     shadow_capacity_tokens: int | None = None  # default: the workers' KV capacity
     speedup: float = 1.0  # divide arrival times by this
     samples: int = 400  # points of the per-worker in-flight time series
+    kv_events: bool = False  # precise mode: the models' KV events feed the router's index
+    kv_event_delay_s: float = 0.05
+    kv_event_loss: float = 0.0  # fraction of event batches lost on the way
+    seed: int = 0  # which batches are lost
 
 
 @dataclass
@@ -55,12 +67,13 @@ class PolicyRun:
     output_length: np.ndarray
     input_length: np.ndarray
     cached: np.ndarray  # the worker's true cached prompt tokens
-    estimated: np.ndarray  # the active shadow's estimate at booking
+    estimated: np.ndarray  # the active estimate at booking (the KV index's when it answered)
     pick_us: np.ndarray
     branches: dict[str, int]
     inflight_t: np.ndarray  # sample times
     inflight: np.ndarray  # samples x workers: num_requests
     wall_seconds: float
+    estimates: dict[str, np.ndarray] = field(default_factory=dict)  # per kind, nan: none
 
     def summary(self) -> dict[str, float | int]:
         """The per-policy entry of results.json (times in seconds, rates as fractions)."""
@@ -83,11 +96,22 @@ class PolicyRun:
             "throughput_rps": self.requests / span if span > 0 else 0.0,
             "hit_rate": float(self.cached.sum()) / prompt,
             "shadow_abs_error": float(np.abs(self.estimated - self.cached).sum()) / prompt,
+            **{
+                f"shadow_abs_error_{kind}": _error(est, self.cached, self.input_length)
+                for kind, est in self.estimates.items()
+            },
             "imbalance": float(per_worker.max() / per_worker.mean()) if self.requests else 0.0,
             "pick_us_p50": _pct(self.pick_us, 50),
             "pick_us_p99": _pct(self.pick_us, 99),
             "wall_seconds": self.wall_seconds,
         }
+
+
+def _error(estimated: np.ndarray, cached: np.ndarray, prompt: np.ndarray) -> float:
+    """Mean |estimate - true| over the prompt tokens of the requests that have an estimate."""
+    has = ~np.isnan(estimated)
+    total = float(prompt[has].sum())
+    return float(np.abs(estimated[has] - cached[has]).sum()) / total if total else float("nan")
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -143,7 +167,11 @@ def simulate(
         bookings[i].finish()
         bookings[i] = None
 
-    models = [WorkerModel(config.worker, on_first_token, on_finish) for _ in states]
+    models = [
+        WorkerModel(config.worker, on_first_token, on_finish, events=config.kv_events)
+        for _ in states
+    ]
+    events = _EventLink(states, config) if config.kv_events else None
     # a reference picker (traces/oracle.py) reads the models' truth instead of the shadows
     truth_views = getattr(picker, "truth_views", None)
     views = truth_views(states, models) if truth_views is not None else states
@@ -159,16 +187,28 @@ def simulate(
     inflight = np.zeros((len(sample_times), len(states)), dtype=np.int32)
     next_sample = 0
     radix = config.shadow == "radix"
+    est_blocks = np.zeros(n)
+    est_radix = np.full(n, np.nan)
+    est_kv = np.full(n, np.nan)
     started = time.perf_counter()
     i = 0
-    while i < n or wakeups:
+    while i < n or wakeups or (events is not None and events.deliveries):
         arrival = trace[i].arrival / config.speedup if i < n else float("inf")
+        if events is not None and events.due(wakeups[0][0] if wakeups else arrival, arrival):
+            events.deliver()
+            continue
         if wakeups and wakeups[0][0] <= arrival:
             when, w, version = heapq.heappop(wakeups)
             if version == models[w].version:
+                if events is not None:
+                    events.clock[0] = when
                 models[w].advance(when)
+                if events is not None:
+                    events.publish(w, models[w].take_events(), when)
                 schedule(w)
             continue
+        if events is not None:
+            events.clock[0] = arrival
         while next_sample < len(sample_times) and sample_times[next_sample] <= arrival:
             inflight[next_sample] = [s.num_requests for s in states]
             next_sample += 1
@@ -177,7 +217,7 @@ def simulate(
             blocks=req.blocks,
             input_length=req.input_length,
             session_id=req.session_id,
-            tokens=keys_as_tokens(req.blocks) if radix else None,
+            tokens=keys_as_tokens(req.blocks) if radix or events is not None else None,
         )
         t0 = time.perf_counter_ns()
         pick = picker.pick(features, views)
@@ -187,10 +227,17 @@ def simulate(
         booking = state.book(features, expected_output_tokens=req.output_length, now=arrival)
         bookings[i] = booking
         out["estimated"][i] = (
-            booking.radix_estimate
+            booking.kv_estimate
+            if booking.kv_estimate is not None
+            else booking.radix_estimate
             if radix and booking.radix_estimate is not None
             else booking.blocks_estimate
         )
+        est_blocks[i] = booking.blocks_estimate
+        if booking.radix_estimate is not None:
+            est_radix[i] = booking.radix_estimate
+        if booking.kv_estimate is not None:
+            est_kv[i] = booking.kv_estimate
         out["arrival"][i] = arrival
         chosen[i] = pick.worker
         sim_req = SimRequest(req.blocks, req.input_length, max(1, req.output_length), tag=i)
@@ -223,4 +270,55 @@ def simulate(
         inflight_t=sample_times,
         inflight=inflight,
         wall_seconds=time.perf_counter() - started,
+        estimates={
+            k: v
+            for k, v in (("blocks", est_blocks), ("radix", est_radix), ("kv", est_kv))
+            if not np.isnan(v).all()
+        },
     )
+
+
+class _EventLink:
+    """The workers' KV event batches on their way to the router's feeds (virtual time)."""
+
+    def __init__(self, states: Sequence[WorkerState], config: SimConfig) -> None:
+        self.clock = [0.0]  # the virtual time the indexes read (PIN_GRACE_S)
+        self.delay = config.kv_event_delay_s
+        self.loss = config.kv_event_loss
+        self.rng = np.random.default_rng(config.seed)
+        self.feeds = []
+        for state in states:
+            index = KVIndex(clock=lambda: self.clock[0])
+            index.synced = True  # a fresh worker's empty cache is a complete history
+            index.block_size = KEY_TOKENS  # the models' events: one block key per 2 tokens
+            state.kv_index = index
+            self.feeds.append(KVEventFeed(index, last_seq=-1))
+        self.published: list[list[Batch]] = [[] for _ in states]  # the replay buffers
+        self.deliveries: list[tuple[float, int, int, Batch]] = []
+        self._order = 0
+
+    def publish(self, w: int, events: list, now: float) -> None:
+        """One engine step's batch; it arrives ``delay`` later unless lost."""
+        if not events:
+            return
+        buffer = self.published[w]
+        batch = (len(buffer), now, events)
+        buffer.append(batch)
+        if self.loss and self.rng.random() < self.loss:
+            return
+        self._order += 1
+        heapq.heappush(self.deliveries, (now + self.delay, self._order, w, batch))
+
+    def due(self, next_wakeup: float, arrival: float) -> bool:
+        return bool(self.deliveries) and self.deliveries[0][0] <= min(next_wakeup, arrival)
+
+    def deliver(self) -> None:
+        when, _, w, (seq, ts, events) = heapq.heappop(self.deliveries)
+        self.clock[0] = when
+        feed = self.feeds[w]
+        replay_from = feed.live(seq, ts, events)
+        if replay_from is not None:  # a lost batch: the replay buffer fills the gap
+            feed.replayed(replay_from, self.published[w][replay_from:])
+
+
+Batch = tuple[int, float, list]

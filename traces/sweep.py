@@ -10,7 +10,13 @@ trace. Workers are either given (``--worker``, real vLLM / SGLang) or started he
 With ``--sim-workers`` the simulated workers run ``--speedup`` times faster than real time,
 like the arrivals, so the fleet sees the trace's load; client-measured times are then
 multiplied by the speedup, so they read in the modelled deployment's seconds
-(``time_scale`` in results.json says by how much).
+(``time_scale`` in results.json says by how much). ``--sim-kv-events``: the sim workers publish
+their KV events and each router runs in precise mode (``--kv-events --kv-events-connect``).
+
+The shadows' fidelity is the router's own: before each router stops, its
+``cache_router_shadow_error_ratio{shadow}`` is read into ``shadow_abs_error_blocks``,
+``_radix`` and ``_kv`` (the KV-event index), the names ``simulate`` uses for the same figures
+(``shadow_abs_error``: the one that answered the estimates).
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from policies.registry import PICKER_NAMES
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
@@ -53,9 +62,33 @@ def scaled(outcome: ReplayOutcome, time_scale: float) -> ReplayOutcome:
     return outcome
 
 
+SHADOW_NAMES = {"blocks": "blocks", "radix": "radix", "kv_events": "kv"}
+"""The router's ``shadow`` label -> the suffix ``simulate`` gives the same figure."""
+
+
+def router_shadow_errors(url: str) -> dict[str, float]:
+    """``cache_router_shadow_error_ratio{shadow}`` of the router at ``url``, by simulate's
+    names (empty if unreadable)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "cache_router_shadow_error_ratio":
+            for sample in family.samples:
+                name = SHADOW_NAMES.get(sample.labels.get("shadow", ""))
+                if name is not None:
+                    out[name] = sample.value
+    return out
+
+
 def outcome_document(trace_info: dict, outcomes: Sequence[ReplayOutcome], workers: int,
-                     wall: float, time_scale: float) -> dict:  # fmt: skip
-    """results.json for live runs: ``hit_rate`` is the workers' own metric."""
+                     wall: float, time_scale: float,
+                     shadows: dict[str, dict[str, float]] | None = None,
+                     active: str = "blocks") -> dict:  # fmt: skip
+    """results.json for live runs: ``hit_rate`` is the workers' own metric; ``shadows``:
+    each policy's router-measured shadow errors (:func:`router_shadow_errors`)."""
     document = results_document(trace_info, workers, wall, [o.run for o in outcomes])
     document["time_scale"] = time_scale
     for outcome in outcomes:
@@ -66,8 +99,12 @@ def outcome_document(trace_info: dict, outcomes: Sequence[ReplayOutcome], worker
         entry["retried"] = outcome.retried
         entry["lost_streaming"] = outcome.lost_streaming
         entry["send_lag_p99"] = outcome.send_lag_p99
-        for key in ("shadow_abs_error", "pick_us_p50", "pick_us_p99"):
+        for key in ("pick_us_p50", "pick_us_p99"):
             entry[key] = None  # measured inside the router: see its /metrics
+        errors = (shadows or {}).get(outcome.run.name, {})
+        for name, value in errors.items():
+            entry[f"shadow_abs_error_{name}"] = value
+        entry["shadow_abs_error"] = errors.get("kv", errors.get(active))
     return document
 
 
@@ -116,9 +153,13 @@ def run_sweep(
     extra_router = shlex.split(args.router_args)
     time_scale = args.speedup if args.sim_workers else 1.0
     outcomes: list[ReplayOutcome] = []
+    shadows: dict[str, dict[str, float]] = {}
     started = time.perf_counter()
     sim_args = ["--time-scale", str(args.speedup), *shlex.split(args.sim_worker_args)]
-    with sim_workers(args.sim_workers or 0, sim_args) as sims:
+    kv_events = "worker-binds" if args.sim_kv_events and args.sim_workers else None
+    if kv_events is not None:
+        extra_router += ["--kv-events", "--kv-events-connect"]
+    with sim_workers(args.sim_workers or 0, sim_args, kv_events) as sims:
         workers = [s.url for s in sims] or list(args.worker)
         if not workers:
             raise ValueError("give --worker URL ... or --sim-workers N")
@@ -131,14 +172,43 @@ def run_sweep(
                 build_capped_trace(trace, args.max_turns) if policy == "capped" else trace
             )
             with router(workers, policy, extra_router) as svc:
+                if kv_events is not None:
+                    _wait_synced(svc.url, len(workers))
                 cfg = _replay_config(args, svc.url, salt, workers)
                 outcome = asyncio.run(replay(policy_trace, cfg, policy))
+                shadows[policy] = router_shadow_errors(svc.url)
             outcomes.append(scaled(outcome, time_scale))
     wall = time.perf_counter() - started
+    active = "radix" if "radix" in _option(extra_router, "--shadow") else "blocks"
     document = outcome_document(
-        trace_summary(args.trace, trace), outcomes, len(workers), wall, time_scale
-    )
+        trace_summary(args.trace, trace), outcomes, len(workers), wall, time_scale,
+        shadows, active,
+    )  # fmt: skip
     return document, outcomes
+
+
+def _option(argv: Sequence[str], name: str) -> str:
+    """The value of ``name`` in ``argv`` (``--x v`` or ``--x=v``), or ""."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return ""
+
+
+def _wait_synced(url: str, n: int, timeout_s: float = 30.0) -> None:
+    """Until every worker's KV-event index is connected and synced (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            kv = [w.get("kv_events") or {} for w in httpx.get(f"{url}/workers", timeout=5).json()]
+        except httpx.HTTPError:
+            kv = []
+        if len(kv) == n and all(k.get("connected") and k.get("synced") for k in kv):
+            return
+        time.sleep(0.1)
+    print(f"  KV-event indexes not synced after {timeout_s:.0f} s", file=sys.stderr)
 
 
 def _sweep_main(args: argparse.Namespace) -> int:
@@ -186,5 +256,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--sim-workers", type=int, default=0, help="start N simulated workers")
     s.add_argument("--sim-worker-args", default="", help="extra sim-worker options")
     s.add_argument("--router-args", default="", help="extra `cache-router serve` options")
+    s.add_argument("--sim-kv-events", action="store_true",
+                   help="sim workers publish KV events; routers run --kv-events")  # fmt: skip
     s.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
     s.set_defaults(func=_sweep_main)

@@ -23,6 +23,17 @@ Defaults describe one plausible deployment: an 8B-class model on one 80 GB GPU, 
 prefill tokens/s, decode steps of 12 ms plus 0.15 ms per running sequence (about 14 ms at 16
 sequences, 27 ms at 100), 256k tokens of KV cache (about 32 GB at 128 KiB per token).
 
+KV events (``events=True``): the model records what vLLM / SGLang publish with
+``--kv-events-config``: ``BlockStored`` for the blocks a request adds to the cache at
+admission (``block_hashes`` the block keys, ``parent_block_hash`` the key before them),
+``BlockRemoved`` for every evicted node's keys, and ``AllBlocksCleared`` at
+:meth:`WorkerModel.reset_cache`, in the order they happen; :meth:`WorkerModel.take_events`
+hands them over (one batch per engine step, as the engines publish them). A request with
+its prompt's token ids (``SimRequest.tokens``, the live sim worker) stores its blocks as an
+engine does: ``token_ids`` the ids, ``block_size`` 512; without them (the offline
+simulator) ``token_ids`` are the keys' pseudo-tokens and ``block_size`` 2, which the
+simulator's requests use too.
+
 Decode-only stretches are simulated in one event: while nothing is waiting and no prefill
 is pending, the batch only changes when a request finishes, so the model jumps straight to
 that step (or to the step boundary after an arrival). A long trace thus costs a few events
@@ -39,7 +50,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
+import numpy as np
+
+from router.cache.block_hash import KEY_TOKENS, TOKEN_BYTES, keys_as_tokens
 from router.cache.radix_tree import RadixTree, TreeNode
 from traces.record import BLOCK_TOKENS
 
@@ -114,6 +127,7 @@ class SimRequest:
     input_length: int
     output_length: int
     tag: object = None  # the caller's handle (booking, HTTP waiter...)
+    tokens: bytes | None = None  # the prompt's token ids (uint32 LE), for KV events
     cached_tokens: int = 0
     prefill_left: int = 0
     extra_blocks: int = 0  # tail of the prompt + output, not in the tree
@@ -146,9 +160,13 @@ class WorkerModel:
         config: WorkerModelConfig | None = None,
         on_first_token: OnFirstToken | None = None,
         on_finish: OnFinish | None = None,
+        events: bool = False,
     ) -> None:
         self.config = config or WorkerModelConfig()
         self.cache = RadixTree(page_size=KEY_TOKENS, policy=self.config.eviction_policy)
+        self.events: list[dict[str, Any]] | None = [] if events else None
+        if events:
+            self.cache.on_evict = self._evicted
         self.on_first_token = on_first_token or (lambda r, t: None)
         self.on_finish = on_finish or (lambda r, t: None)
         self.waiting: deque[SimRequest] = deque()
@@ -186,6 +204,46 @@ class WorkerModel:
     def cached_prefix_blocks(self, blocks: Sequence[int]) -> int:
         """Leading ``blocks`` in the KV cache now (a lookup: no split, no lock, no touch)."""
         return self.cache.prefix_length(keys_as_tokens(blocks)) // KEY_TOKENS
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """The KV events recorded since the last call (empty without ``events=True``)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events
+
+    def _evicted(self, key: bytes) -> None:
+        keys = np.frombuffer(key, dtype="<u8").tolist()
+        self.events.append({"type": "BlockRemoved", "block_hashes": keys, "medium": "GPU"})
+
+    def reset_cache(self) -> None:
+        """Drop every cached block (the caller checks nothing runs), as an engine's reset."""
+        self.cache.reset()
+        if self.events is not None:
+            self.events.append({"type": "AllBlocksCleared"})
+
+    def _stored(self, req: SimRequest, hit_blocks: int) -> None:
+        blocks = req.blocks
+        new = blocks[hit_blocks:]
+        if not new:
+            return
+        if req.tokens is not None:  # the engine's view: the blocks' token ids
+            step = BLOCK_TOKENS * TOKEN_BYTES
+            ids = req.tokens[hit_blocks * step : len(blocks) * step]
+            size = BLOCK_TOKENS
+        else:  # the simulator's: the keys' pseudo-tokens (as its requests carry)
+            ids, size = keys_as_tokens(new), KEY_TOKENS
+        self.events.append(
+            {
+                "type": "BlockStored",
+                "block_hashes": list(new),
+                "parent_block_hash": blocks[hit_blocks - 1] if hit_blocks else None,
+                "token_ids": np.frombuffer(ids, dtype="<u4").tolist(),
+                "block_size": size,
+                "medium": "GPU",
+            }
+        )
 
     # ---- driving -----------------------------------------------------------------------
 
@@ -259,6 +317,8 @@ class WorkerModel:
                 return  # head of line waits for memory
             self.waiting.popleft()
             req.node = cache.insert(tokens, lock=True).node
+            if self.events is not None:
+                self._stored(req, hit_blocks)
             cache.dec_lock_ref(match.node)
             req.extra_blocks = extra
             self.extra_blocks += extra

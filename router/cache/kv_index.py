@@ -10,6 +10,30 @@ a msgpack ``[ts, [event, ...], dp_rank?]`` (``vllm/distributed/kv_events.py``). 
 - ``BlockRemoved {block_hashes, medium, ...}``: blocks were evicted;
 - ``AllBlocksCleared``: the cache was reset.
 
+SGLang (``--kv-events-config``, same keys) publishes the same three events on the same
+sockets, with the same framing and replay protocol; its schema
+(``python/sglang/srt/disaggregation/kv_events.py``, ``mem_cache/events.py``) differs from
+vLLM's in ways :func:`decode_batch` and :func:`apply_events` accept:
+
+- events are msgspec ``array_like`` tagged structs, i.e. arrays: ``["BlockStored",
+  block_hashes, parent_block_hash, token_ids, block_size, lora_id(, medium)(, metadata)]``,
+  ``["BlockRemoved", block_hashes(, medium)]``, ``["AllBlocksCleared"]`` (vLLM 0.32 sends
+  maps tagged by ``type``; vLLM's older array form has the same leading field order). Newer
+  SGLang versions append ``medium`` and, for salted requests, ``metadata {cache_salt}``;
+  anything set after ``medium`` marks the block as one a plain request never matches;
+- block hashes are *signed* 64-bit ints (the first 8 bytes of a SHA-256 chain as int64),
+  vLLM's unsigned ints or bytes: opaque here either way;
+- one ``BlockStored`` per page (``page_size`` tokens, default 1: a token-granular index),
+  each naming the previous page as parent (newer versions coalesce a chain into one event);
+  vLLM: one event per run of blocks;
+- ``medium`` is ``GPU``, ``CPU_PINNED``, ``DISK`` or ``EXTERNAL`` (HiCache tiers); vLLM
+  ``GPU`` / ``CPU``. Only ``GPU`` (or none) is indexed;
+- no ``lora_name``, ``extra_keys``, ``group_idx`` (vLLM 0.32's hybrid-model and multimodal
+  fields); ``lora_id`` is always null;
+- the batch's third element is ``attn_dp_rank`` (vLLM: ``data_parallel_rank``); with DP
+  attention each rank publishes on the endpoint's port + rank, and only rank 0's port is
+  subscribed here.
+
 The sockets that receive the events live in :mod:`router.fleet.kv_events`; this module is
 the pure part (index, decoding, sequence bookkeeping), shared with anything that has events.
 
@@ -47,7 +71,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,7 +138,8 @@ class KVIndex:
     event confirms a block (it leaves ``_unconfirmed``), so a later removal is never masked.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock = clock  # the simulator passes its virtual time; None: time.monotonic
         self.block_size: int | None = None
         self.synced = False
         self._blocks: dict[BlockHash, list[int]] = {}  # vLLM hash -> [our key, copies]
@@ -221,7 +246,7 @@ class KVIndex:
             if key not in stored:
                 unconfirmed[key] = unconfirmed.get(key, 0) + 1
                 waiting.append(key)
-        now = time.monotonic()
+        now = self.clock() if self.clock is not None else time.monotonic()
         if waiting:
             self._grace.append((now + PIN_GRACE_S, waiting))
         self.expire(now)
@@ -229,7 +254,8 @@ class KVIndex:
     def expire(self, now: float | None = None) -> None:
         """Stop counting finished requests' blocks whose grace is over."""
         grace, unconfirmed = self._grace, self._unconfirmed
-        now = time.monotonic() if now is None else now
+        if now is None:
+            now = self.clock() if self.clock is not None else time.monotonic()
         while grace and grace[0][0] <= now:
             for key in grace.popleft()[1]:
                 left = unconfirmed.get(key, 0) - 1
@@ -267,23 +293,36 @@ class KVIndex:
 
 # ---- decoding ------------------------------------------------------------------------------
 
-# Field order of the array-encoded events of older vLLM versions (tagged array_like structs).
+# Field order of array-encoded events (tagged array_like structs): SGLang's, and older vLLM
+# versions'. Elements past these are extensions (SGLang's metadata): kept as "trailing".
 _ARRAY_FIELDS = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id"),
+    "BlockStored": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+    ),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
 
 
 def normalize_event(event: Any) -> dict[str, Any] | None:
-    """An event as a dict with ``type`` (vLLM encodes tagged maps; older versions arrays)."""
+    """An event as a dict with ``type`` (vLLM encodes tagged maps; SGLang and older vLLM
+    versions arrays, see the module docstring)."""
     if isinstance(event, dict):
         return event if isinstance(event.get("type"), str) else None
     if isinstance(event, list | tuple) and event and isinstance(event[0], str):
         names = _ARRAY_FIELDS.get(event[0])
         if names is None:
             return None
-        return {"type": event[0], **dict(zip(names, event[1:], strict=False))}
+        out = {"type": event[0], **dict(zip(names, event[1:], strict=False))}
+        trailing = [v for v in event[1 + len(names) :] if v is not None]
+        if trailing:
+            out["trailing"] = trailing
+        return out
     return None
 
 
@@ -368,6 +407,8 @@ def _apply_stored(index: KVIndex, event: dict[str, Any]) -> None:
     extras = event.get("extra_keys")
     if event.get("lora_name") or event.get("lora_id"):
         extras = [("lora", event.get("lora_name") or event.get("lora_id"))] * len(hashes)
+    elif event.get("trailing") or event.get("cache_salt"):  # SGLang: salted, or newer fields
+        extras = [("salt", repr(event.get("trailing") or event.get("cache_salt")))] * len(hashes)
     try:
         buf = token_bytes(tokens)
     except ValueError:

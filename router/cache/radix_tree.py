@@ -193,6 +193,7 @@ class RadixTree:
         self.node_count = 0
         self.evict_visits = 0  # list nodes looked at by evict(), for complexity tests
         self.evicted_tokens = 0
+        self.on_evict: Callable[[bytes], None] | None = None  # an evicted node's key (events)
 
     # ---- sizes -------------------------------------------------------------------------
 
@@ -403,6 +404,8 @@ class RadixTree:
 
     def _delete_leaf(self, node: TreeNode) -> int:
         n = node.num_tokens
+        if self.on_evict is not None:
+            self.on_evict(node.key)
         del node.parent.children[node.key[: self._page_bytes]]
         _NodeList.unlink(node)
         node.parent = None

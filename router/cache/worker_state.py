@@ -60,7 +60,7 @@ class WorkerState:
 
     ``radix`` may be ``None`` when the caller never has token ids for it. When the caller
     caches block keys as pseudo-tokens (trace simulation), ``radix_token_weight`` is the
-    real tokens one radix token stands for.
+    real tokens one radix (or KV-index) token stands for.
     """
 
     name: str
@@ -93,7 +93,7 @@ class WorkerState:
         if index is not None and index.synced and tokens is not None:
             hit = index.estimate(tokens, len(tokens) // 4)
             if hit is not None:
-                return hit
+                return hit * self.radix_token_weight
         if self.shadow == "radix" and self.radix is not None and tokens is not None:
             return self.radix.prefix_length(tokens) * self.radix_token_weight
         return self.blocks.estimate_cache_hit(blocks)
@@ -140,6 +140,7 @@ class WorkerState:
         if index is not None and request.tokens is not None:
             kv_hit = index.estimate(request.tokens, request.input_length)
             if kv_hit is not None:
+                kv_hit = min(kv_hit * self.radix_token_weight, request.input_length)
                 hit = kv_hit
             kv_keys = index.pin(request.tokens)
         new_prefill = max(0, request.input_length - hit)

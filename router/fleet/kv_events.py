@@ -11,7 +11,10 @@ vLLM's default one (``endpoint: tcp://*:PORT``: the worker binds its publisher) 
 *connects* its SUB socket to the worker's host at that port, so every router replica can
 subscribe to the same worker. With ``replay_endpoint`` set vLLM binds a ROUTER socket that resends
 buffered batches from a given ``seq``; the router asks it at the worker's host, port +
-``kv_events_replay_offset`` (0: no replay).
+``kv_events_replay_offset`` (0: no replay). The answer to the DEALER's ``[b"", start]`` is one
+``[b"", seq, payload]`` per batch and ``[b"", -1, b""]`` at the end, as vLLM's and SGLang's
+``ZmqEventPublisher`` send it; a topic frame before ``seq`` is accepted too, so ``seq`` and
+``payload`` are read as the last two frames.
 
 Events are decoded and applied on the event loop (pyzmq's asyncio sockets): a batch is a few
 microseconds of dict updates per block, and the shadows are single-threaded.
@@ -192,12 +195,12 @@ class KVEventSubscriber:
                     batches = None  # no (complete) answer: the gap stays open
                     break
                 parts = await sock.recv_multipart()
-                if len(parts) < 4:
+                if len(parts) < 3:  # [b"", (topic,) seq, payload]: see the module docstring
                     continue
-                seq = int.from_bytes(parts[2], "big", signed=True)
+                seq = int.from_bytes(parts[-2], "big", signed=True)
                 if seq == END_SEQ:
                     break
-                ts, events = decode_batch(parts[3])
+                ts, events = decode_batch(parts[-1])
                 batches.append((seq, ts, events))
         except asyncio.CancelledError:
             raise

@@ -52,6 +52,10 @@ class WorkerMetricsScraper:
         truth.last_error = None
         if reading.block_size:  # estimates are then scored in the worker's whole blocks
             worker.state.worker_block_size = reading.block_size
+            index = worker.state.kv_index
+            if index is not None and index.block_size is None:
+                # a synced index that has seen no stored block yet can answer (nothing cached)
+                index.block_size = reading.block_size
         capacity = reading.capacity_tokens
         if (
             self.size_shadows

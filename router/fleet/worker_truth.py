@@ -12,6 +12,17 @@ The router's shadows are estimates; the workers count the real thing. The scrape
 - ``vllm:cache_config_info{block_size, num_gpu_blocks}``: its KV capacity, ``block_size *
   num_gpu_blocks`` tokens.
 
+SGLang (``--enable-metrics``) names the same figures its own way
+(``python/sglang/srt/metrics/collector.py``), read into the same fields:
+
+- ``sglang:realtime_tokens_total{mode=prefill_cache|prefill_compute}``: prompt tokens found
+  cached / computed, so ``queries = cache + compute`` and ``hits = cache`` (older versions
+  without it: ``sglang:cache_hit_rate``, the gauge, gives the hit rate);
+- ``sglang:num_running_reqs`` / ``sglang:num_queue_reqs``: running / waiting;
+- ``sglang:token_usage``: fraction of the KV pool in use;
+- ``sglang:max_total_num_tokens``: the KV pool in tokens (older versions: ``num_used_tokens /
+  token_usage``). SGLang pages are tokens (``page_size`` 1 by default), so no block size.
+
 Values are summed over label sets (several engines behind one server), except the usage,
 which is averaged. Only the lines of these families are parsed (vLLM's page is mostly
 histograms), with ``prometheus_client``'s parser. The simulated worker exports the same names,
@@ -32,7 +43,16 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 USAGE = "vllm:kv_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
-FAMILIES = (QUERIES, HITS, RUNNING, WAITING, USAGE, CACHE_CONFIG)
+SG_REALTIME = "sglang:realtime_tokens"
+SG_HIT_RATE = "sglang:cache_hit_rate"
+SG_RUNNING = "sglang:num_running_reqs"
+SG_WAITING = "sglang:num_queue_reqs"
+SG_USAGE = "sglang:token_usage"
+SG_MAX_TOKENS = "sglang:max_total_num_tokens"
+SG_USED_TOKENS = "sglang:num_used_tokens"
+SGLANG = (SG_REALTIME, SG_HIT_RATE, SG_RUNNING, SG_WAITING, SG_USAGE, SG_MAX_TOKENS, SG_USED_TOKENS)
+FAMILIES = (QUERIES, HITS, RUNNING, WAITING, USAGE, CACHE_CONFIG, *SGLANG)
+_MEANS = (USAGE, SG_USAGE, SG_HIT_RATE)  # ratios: averaged over label sets
 _PREFIXES = tuple(name + suffix for name in FAMILIES for suffix in ("{", " ", "_total"))
 
 
@@ -47,13 +67,17 @@ class WorkerReading:
     kv_cache_usage: float | None = None
     block_size: int | None = None
     num_gpu_blocks: int | None = None
+    engine: str | None = None  # "vllm" or "sglang", from the names it exports
+    pool_tokens: int | None = None  # SGLang's KV pool in tokens
+    cache_hit_rate: float | None = None  # SGLang's own gauge (versions without counters)
 
     @property
     def capacity_tokens(self) -> int | None:
-        """KV capacity in tokens, when the worker told both its block size and block count."""
+        """KV capacity in tokens, when the worker told both its block size and block count
+        (vLLM) or its pool size (SGLang)."""
         if self.block_size and self.num_gpu_blocks:
             return self.block_size * self.num_gpu_blocks
-        return None
+        return self.pool_tokens
 
 
 def _int_label(labels: dict[str, str], name: str) -> int | None:
@@ -68,7 +92,7 @@ def parse_worker_metrics(text: str) -> WorkerReading:
     """The vLLM figures of a Prometheus text page (other lines are skipped unparsed)."""
     kept = [line for line in text.splitlines() if line.startswith(_PREFIXES)]
     sums: dict[str, float] = {}
-    usage: list[float] = []
+    means: dict[str, list[float]] = {}
     reading = WorkerReading()
     for family in text_string_to_metric_families("\n".join(kept) + "\n"):
         for sample in family.samples:
@@ -77,8 +101,11 @@ def parse_worker_metrics(text: str) -> WorkerReading:
                 continue
             if name.endswith("_total"):
                 name = name[: -len("_total")]
-            if name == USAGE:
-                usage.append(sample.value)
+            if name in _MEANS:
+                means.setdefault(name, []).append(sample.value)
+            elif name == SG_REALTIME:
+                mode = sample.labels.get("mode", "")
+                sums[f"{name}:{mode}"] = sums.get(f"{name}:{mode}", 0.0) + sample.value
             elif name == CACHE_CONFIG:
                 reading.block_size = _int_label(sample.labels, "block_size")
                 blocks = _int_label(sample.labels, "num_gpu_blocks")
@@ -86,12 +113,37 @@ def parse_worker_metrics(text: str) -> WorkerReading:
                     reading.num_gpu_blocks = (reading.num_gpu_blocks or 0) + blocks
             elif name in FAMILIES:
                 sums[name] = sums.get(name, 0.0) + sample.value
+    mean = {name: sum(v) / len(v) for name, v in means.items()}
+    if any(name.startswith("sglang:") for name in (*sums, *mean)):
+        return _sglang(reading, sums, mean)
+    reading.engine = "vllm" if sums or mean or reading.block_size else None
     reading.prefix_cache_queries = sums.get(QUERIES)
     reading.prefix_cache_hits = sums.get(HITS)
     reading.running = sums.get(RUNNING)
     reading.waiting = sums.get(WAITING)
-    if usage:
-        reading.kv_cache_usage = sum(usage) / len(usage)
+    reading.kv_cache_usage = mean.get(USAGE)
+    return reading
+
+
+def _sglang(
+    reading: WorkerReading, sums: dict[str, float], mean: dict[str, float]
+) -> WorkerReading:
+    """SGLang's names into the same reading (see the module docstring)."""
+    reading.engine = "sglang"
+    cached = sums.get(f"{SG_REALTIME}:prefill_cache")
+    computed = sums.get(f"{SG_REALTIME}:prefill_compute")
+    if cached is not None or computed is not None:
+        reading.prefix_cache_hits = cached or 0.0
+        reading.prefix_cache_queries = (cached or 0.0) + (computed or 0.0)
+    reading.cache_hit_rate = mean.get(SG_HIT_RATE)
+    reading.running = sums.get(SG_RUNNING)
+    reading.waiting = sums.get(SG_WAITING)
+    usage = reading.kv_cache_usage = mean.get(SG_USAGE)
+    pool = sums.get(SG_MAX_TOKENS)
+    used = sums.get(SG_USED_TOKENS)
+    if not pool and used and usage:
+        pool = used / usage  # versions without max_total_num_tokens
+    reading.pool_tokens = round(pool) if pool else None
     return reading
 
 
@@ -109,8 +161,10 @@ class WorkerTruth:
     def hit_rate(self) -> float | None:
         """The worker's lifetime prefix-cache hit rate (its own counters)."""
         r = self.reading
-        if r is None or not r.prefix_cache_queries or r.prefix_cache_hits is None:
+        if r is None:
             return None
+        if not r.prefix_cache_queries or r.prefix_cache_hits is None:
+            return r.cache_hit_rate  # SGLang without token counters: its own gauge
         return r.prefix_cache_hits / r.prefix_cache_queries
 
     def describe(self) -> dict[str, Any]:
@@ -135,4 +189,5 @@ class WorkerTruth:
             "block_size": r.block_size,
             "num_gpu_blocks": r.num_gpu_blocks,
             "kv_capacity_tokens": r.capacity_tokens,
+            "engine": r.engine,
         }

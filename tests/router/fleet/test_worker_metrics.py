@@ -61,9 +61,9 @@ def test_parse_sums_engines_and_ignores_lookalikes() -> None:
 def test_parse_unsized_cache_and_sglang_page() -> None:
     unsized = page(0, 0, 0).replace('num_gpu_blocks="0"', 'num_gpu_blocks="None"')
     assert parse_worker_metrics(unsized).capacity_tokens is None
-    empty = parse_worker_metrics("sglang:num_running_reqs 3\n")
-    assert empty.running is None and empty.capacity_tokens is None
-    assert WorkerTruth(reading=empty).hit_rate is None
+    sglang = parse_worker_metrics("sglang:num_running_reqs 3\n")  # SGLang's names are read
+    assert sglang.running == 3.0 and sglang.capacity_tokens is None
+    assert WorkerTruth(reading=sglang).hit_rate is None
 
 
 def gauges(url: str) -> dict[tuple[str, str], float]:
