@@ -7,8 +7,9 @@ each worker view is backed by the real shadow, :class:`router.cache.block_lru.Bl
 to a realistic state: one worker holds the whole prompt, three hold its first half (a
 shared system prompt and early turns), the rest hold unrelated blocks. Loads are mixed.
 Goal: p99 <= 50 us for ttft, lmetric and unified. Workers carry what the ttft picker
-reads from the worker state: a learned rate and a session footprint whose warm sessions
-overfill the KV cache, so its eviction charge is computed too. The timer wraps
+reads from the worker state: a learned rate, a session footprint whose warm sessions
+overfill the KV cache (so its eviction charge is computed too) and the shadow's pinned
+blocks with booked output (its memory check). The timer wraps
 ``picker.pick`` only; GC stays on, as it is in the proxy.
 
 The machine is shared (2 cores, other jobs come and go), so every scenario runs in several
@@ -39,6 +40,7 @@ class BenchWorker:
     """A WorkerView over a real BlockLRU, shaped like the router's per-worker state."""
 
     __slots__ = (
+        "blocks",
         "footprint",
         "healthy",
         "kv_capacity_tokens",
@@ -50,11 +52,11 @@ class BenchWorker:
     )
 
     def __init__(self, lru: BlockLRU, num_requests: int, pending: int) -> None:
-        self.lru = lru
+        self.lru = self.blocks = lru  # ttft reads the shadow's pinned blocks (its memory check)
         self.healthy = True
         self.num_requests = num_requests
         self.pending_prefill_tokens = pending
-        self.ongoing_decode_tokens = 0
+        self.ongoing_decode_tokens = 256 * num_requests
         self.kv_capacity_tokens = lru.capacity_blocks * lru.block_size
         self.rate = PrefillRate()
         self.footprint = SessionFootprint()

@@ -22,12 +22,18 @@ def test_keeps_a_warm_session_on_the_idle_warm_worker_where_lmetric_goes_cold(wo
     # LMetric: cold (0 + 2560) * 0 = 0 beats warm (0 + 512) * 1 = 512
     assert LMetricPicker().pick(req, [cold, warm]).worker == 0
     # ttft, by hand: cold 2560/15000 + (2560/8192 + 1) * 0.012          = 0.186417 s
-    #                warm  512/15000 + ( 512/8192 + 1) * (0.012 + 0.00015) = 0.047042 s
+    #                warm  512/15000 + ( 512/8192 + 1) * (0.012 + 0.00015) = 0.047043 s
+    #   + share on the busy warm worker: 512/15000 * 1 request * g(w), w = 512/15000 s,
+    #     g(w) = w^2 / (w^2 + 4^2) = 0.0000728: + 0.0000025 s       = 0.047045 s
     picker = TTFTPicker()
     costs = picker.costs(req, [cold, warm], [0, 2048])
     assert costs[0] == pytest.approx(2560 / RATE + (2560 / CHUNK + 1) * STEP)
     assert costs[0] == pytest.approx(0.186417, abs=1e-6)
-    assert costs[1] == pytest.approx(0.047042, abs=1e-6)
+    w = 512 / RATE
+    assert costs[1] == pytest.approx(
+        w + (512 / CHUNK + 1) * (STEP + SEQ) + w * w * w / (w * w + 16)
+    )
+    assert costs[1] == pytest.approx(0.047045, abs=1e-6)
     pick = picker.pick(req, [cold, warm])
     assert (pick.worker, pick.branch, pick.hit_tokens, pick.best_hit_tokens) == (
         1,
@@ -117,6 +123,53 @@ def test_the_session_itself_is_not_counted_as_displaced(request_for):
     req = request_for((1, 2, 3, 4, 5, 6, 7, 8), session="s")
     cost = TTFTPicker().costs(req, [state], [2048])[0]
     assert cost == pytest.approx(2048 / RATE + (2048 / CHUNK + 1) * STEP)
+
+
+def test_displacement_is_charged_per_session_up_to_the_cap(request_for):
+    # worker 0 holds one big warm session (100k tokens of a 104k-token KV); the new request's
+    # 4 blocks push it out: it will recompute 100k tokens, charged at most the 40k cap
+    big, free = _state("big", 104_448), _state("free", 104_448)
+    big.footprint.touch("whale", 100_000, now=1.0)
+    free.footprint.touch("z", 0, now=1.0)
+    req = request_for((1, 2, 3, 4, 5, 6, 7, 8, 9, 10), session="new")
+    picker = TTFTPicker()
+    costs = picker.costs(req, [big, free], [0, 0])
+    assert costs[0] - costs[1] == pytest.approx(40_000 / RATE)
+    assert TTFTPicker(displace_cap_tokens=1 << 30).costs(req, [big, free], [0, 0])[0] - costs[
+        1
+    ] == pytest.approx(100_000 / RATE)
+
+
+def test_a_session_bound_elsewhere_is_pushed_out_for_free(request_for):
+    a, b = _state("a", 8 * 512), _state("b", 8 * 512)
+    picker = TTFTPicker()
+    # "x" was served by worker 0, then the picker sent it to worker 1
+    a.footprint.touch("x", 4096, now=1.0)
+    picker.sessions.bind("x", 1)
+    req = request_for((1, 2, 3, 4), session="new")
+    costs = picker.costs(req, [a, b], [0, 0])
+    assert costs[0] == pytest.approx(costs[1])
+
+
+def test_a_request_that_cannot_fit_beside_the_running_ones_waits_for_them(request_for):
+    # worker 0 runs one request holding 6 of its 8 blocks with 400 output tokens booked;
+    # a 4-block prompt does not fit beside it: it waits about half that output's decode
+    busy, idle = _state("busy", 8 * 512), _state("idle", 8 * 512)
+    running = request_for((11, 12, 13, 14, 15, 16))
+    busy.book(running, expected_output_tokens=400, now=0.0)
+    busy.pending_prefill_tokens = 0  # its prefill is done: it decodes
+    req = request_for((1, 2, 3, 4))
+    picker = TTFTPicker(share_weight=0.0)
+    costs = picker.costs(req, [busy, idle], [0, 0])
+    step = STEP + SEQ
+    own = 2048 / RATE + (2048 / CHUNK + 1) * step
+    assert costs[0] == pytest.approx(own + 0.5 * 400 * step)
+    assert picker.pick(req, [busy, idle]).worker == 1
+    # a 1-block prompt fits (3,072 + 512 + 400 tokens <= 4,096): no wait
+    small = request_for((1,))
+    assert picker.costs(small, [busy], [0])[0] == pytest.approx(
+        512 / RATE + (512 / CHUNK + 1) * step
+    )
 
 
 def test_learned_rate_changes_the_comparison(request_for):
