@@ -72,6 +72,9 @@ DISPLACE_CAP_TOKENS = 40_000
 MEMORY_WEIGHT = 1.0
 SHARE_WEIGHT = 1.0
 SHARE_TAU_S = 4.0
+BLOCK_WEIGHT = 1.0
+HOPELESS_S = 4.0
+LIVE_S = 60.0
 CHUNK_TOKENS = 8192
 SEQ_S = 0.00015
 INF = float("inf")
@@ -92,6 +95,9 @@ class TTFTPicker:
         memory_weight: float = MEMORY_WEIGHT,
         share_weight: float = SHARE_WEIGHT,
         share_tau_s: float = SHARE_TAU_S,
+        block_weight: float = BLOCK_WEIGHT,
+        hopeless_s: float = HOPELESS_S,
+        live_s: float = LIVE_S,
         prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
         chunk_tokens: int = CHUNK_TOKENS,
         step_s: float = STEP_OVERHEAD_S,
@@ -101,8 +107,9 @@ class TTFTPicker:
         if prefill_tokens_per_s <= 0 or chunk_tokens <= 0:
             raise ValueError("prefill_tokens_per_s and chunk_tokens must be positive")
         knobs = (affinity_margin, affinity_slack_s, eviction_weight, memory_weight, share_weight)
-        if min(*knobs, share_tau_s, displace_cap_tokens) < 0:
-            raise ValueError("margins, weights, share_tau_s and displace_cap_tokens must be >= 0")
+        times = (share_tau_s, hopeless_s, live_s)
+        if min(*knobs, block_weight, *times, displace_cap_tokens) < 0:
+            raise ValueError("margins, weights, times and displace_cap_tokens must be >= 0")
         self.affinity_margin = affinity_margin
         self.affinity_slack_s = affinity_slack_s
         self.eviction_weight = eviction_weight
@@ -110,6 +117,9 @@ class TTFTPicker:
         self.memory_weight = memory_weight
         self.share_weight = share_weight
         self.share_tau_s = share_tau_s
+        self.block_weight = block_weight
+        self.hopeless_s = hopeless_s
+        self.live_s = live_s
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.chunk_tokens = chunk_tokens
         self.step_s = step_s
@@ -164,6 +174,7 @@ class TTFTPicker:
         first = workers[0] if workers else None
         learned = getattr(first, "rate", None) is not None  # views of one kind: check once
         costs: list[float] = []
+        own_min = INF  # the request's own prefill on the worker where it is shortest
         for i, worker in enumerate(workers):
             hit = hits[i]
             if hit == UNHEALTHY:
@@ -171,6 +182,8 @@ class TTFTPicker:
                 continue
             uncached = length - hit if length > hit else 0
             rate = worker.rate.tokens_per_s if learned else default_rate
+            if uncached / rate < own_min:
+                own_min = uncached / rate
             work = worker.pending_prefill_tokens + uncached
             n = worker.num_requests
             cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
@@ -182,7 +195,10 @@ class TTFTPicker:
                     extra *= wait / (wait + tau2)
                 cost += extra
             costs.append(cost)
-        tracked = self.eviction_weight and getattr(first, "footprint", None) is not None
+        footprints = getattr(first, "footprint", None) is not None
+        if self.block_weight and footprints and own_min >= self.hopeless_s and own_min != INF:
+            self._add_block(request, workers, hits, costs, learned)
+        tracked = self.eviction_weight and footprints
         memory = self.memory_weight if getattr(first, "blocks", None) is not None else 0.0
         if not (tracked or memory):
             return costs
@@ -208,6 +224,29 @@ class TTFTPicker:
                 if costs[i] < best:
                     best = costs[i]
         return costs
+
+    def _add_block(
+        self,
+        request: RequestFeatures,
+        workers: Sequence[WorkerView],
+        hits: Sequence[int],
+        costs: list[float],
+        learned: bool,
+    ) -> None:
+        """Add ``block_i`` to ``costs`` in place: the request's own prefill on worker ``i``
+        times the sessions live there (seen within ``live_s``, not bound elsewhere), who
+        will queue behind it when their next turn comes."""
+        length = request.input_length
+        since = max(w.footprint.clock for w in workers) - self.live_s
+        home_of, sid = self.sessions.peek, request.session_id
+        for i, worker in enumerate(workers):
+            if costs[i] == INF:
+                continue
+            live = worker.footprint.live_sessions(sid, since, home_of, i)
+            if live:
+                hit = hits[i]
+                rate = worker.rate.tokens_per_s if learned else self.prefill_tokens_per_s
+                costs[i] += self.block_weight * (length - hit if length > hit else 0) / rate * live
 
     def _charge(
         self,

@@ -182,6 +182,29 @@ class SessionFootprint:
                 break
         return charged
 
+    def live_sessions(
+        self,
+        session_id: str | None,
+        since: float,
+        home_of: Callable[[str], int | None] | None = None,
+        here: int = -1,
+    ) -> int:
+        """Sessions other than ``session_id`` seen here at ``since`` or later and not bound
+        (``home_of``) to another worker: the ones likely to send their next turn here soon.
+        O(sessions seen since ``since``): walks from the most recent."""
+        count = 0
+        for sid in reversed(self._sessions):
+            if self._sessions[sid][1] < since:
+                break
+            if sid == session_id:
+                continue
+            if home_of is not None:
+                home = home_of(sid)
+                if home is not None and home != here:
+                    continue
+            count += 1
+        return count
+
     def touch(self, session_id: str, tokens: int, now: float) -> None:
         """``session_id`` was booked here at ``now`` and will hold ``tokens`` of KV."""
         if now > self.clock:

@@ -172,6 +172,48 @@ def test_a_request_that_cannot_fit_beside_the_running_ones_waits_for_them(reques
     )
 
 
+def test_a_long_cold_prefill_goes_where_fewest_live_sessions_would_queue_behind_it(request_for):
+    # 200 blocks (102,400 tokens), cold everywhere: 6.8 s of prefill wherever it goes (past
+    # hopeless_s). Worker 0 serves two sessions seen 10 s ago, worker 1 one seen 10 s ago and
+    # one 100 s ago (past live_s: not live), worker 2 one that has moved to worker 0.
+    a, b, c = (_state(n, 1 << 20) for n in "abc")
+    a.footprint.touch("x", 1000, now=90.0)
+    a.footprint.touch("y", 1000, now=90.0)
+    b.footprint.touch("old", 1000, now=0.0)
+    b.footprint.touch("z", 1000, now=90.0)
+    c.footprint.touch("m", 1000, now=100.0)
+    picker = TTFTPicker()
+    picker.sessions.bind("m", 0)
+    req = request_for(tuple(range(1, 201)), session="new")
+    plain = TTFTPicker(block_weight=0.0).costs(req, [a, b, c], [0, 0, 0])
+    costs = picker.costs(req, [a, b, c], [0, 0, 0])
+    own = 102_400 / RATE
+    # block_i = own prefill x live sessions: 2, 1, 0
+    assert [x - y for x, y in zip(costs, plain, strict=True)] == pytest.approx([2 * own, own, 0])
+    assert picker.pick(req, [a, b, c]).worker == 2
+    # the request's own session does not count, and a short prefill pays nothing
+    assert picker.costs(request_for(tuple(range(1, 201)), session="z"), [b], [0])[0] == (
+        pytest.approx(plain[1])
+    )
+    short = request_for((1, 2, 3, 4), session="new")
+    assert picker.costs(short, [a, b, c], [0, 0, 0]) == pytest.approx(
+        TTFTPicker(block_weight=0.0).costs(short, [a, b, c], [0, 0, 0])
+    )
+
+
+def test_no_block_charge_where_the_request_is_warm_somewhere(request_for):
+    # the same long prompt, cached on worker 0: its best own prefill is short, so it is
+    # placed for its own TTFT and keeps its cache, live sessions or not
+    a, b = _state("a", 1 << 20), _state("b", 1 << 20)
+    a.footprint.touch("x", 1000, now=90.0)
+    b.footprint.touch("y", 0, now=90.0)
+    req = request_for(tuple(range(1, 201)), session="new")
+    picker = TTFTPicker()
+    costs = picker.costs(req, [a, b], [100_000, 0])
+    assert costs == pytest.approx(TTFTPicker(block_weight=0.0).costs(req, [a, b], [100_000, 0]))
+    assert picker.pick(req, [a, b]).worker == 0
+
+
 def test_learned_rate_changes_the_comparison(request_for):
     slow, fast = _state("slow", 1 << 20), _state("fast", 1 << 20)
     for _ in range(200):
@@ -193,6 +235,8 @@ def test_parameters_are_validated():
         TTFTPicker(prefill_tokens_per_s=0)
     with pytest.raises(ValueError):
         TTFTPicker(affinity_margin=-1)
+    with pytest.raises(ValueError):
+        TTFTPicker(live_s=-1)
 
 
 def test_footprint_is_a_session_footprint():

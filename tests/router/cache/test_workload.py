@@ -58,3 +58,15 @@ def test_displaced_pushes_out_whole_sessions_oldest_first_each_capped():
     # a session that has moved elsewhere frees its tokens at no charge
     homes = {"mid": 1, "old": 0}
     assert fp.displaced("me", 3001, home_of=homes.get, here=0) == 3000
+
+
+def test_live_sessions_counts_recent_others_not_bound_elsewhere():
+    fp = SessionFootprint(horizon_s=300.0)
+    fp.touch("old", 10, now=0.0)
+    fp.touch("a", 10, now=50.0)
+    fp.touch("me", 10, now=55.0)
+    fp.touch("b", 10, now=60.0)
+    assert fp.live_sessions("me", since=40.0) == 2  # a, b ("old" is before since)
+    assert fp.live_sessions(None, since=0.0) == 4
+    assert fp.live_sessions("me", since=40.0, home_of={"a": 1, "b": 0}.get, here=0) == 1
+    assert fp.live_sessions("me", since=61.0) == 0
