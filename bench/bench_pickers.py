@@ -101,8 +101,23 @@ def measure(
     return samples[len(samples) // 2] / 1000, samples[len(samples) * 99 // 100] / 1000
 
 
+class _NoBindings:
+    """A session table that never keeps a binding: every pick is a new session's."""
+
+    def get(self, session_id: str) -> None:
+        return None
+
+    def peek(self, session_id: str) -> None:
+        return None
+
+    def bind(self, session_id: str, worker: int) -> None:
+        return None
+
+
 def scenarios(prompt: list[int]):
-    """(label, picker, request): every registered picker, plus unified's fallback path."""
+    """(label, picker, request): every registered picker, plus unified's fallback path and
+    ttft's two costlier paths (outside the goal): a new session (its balance check) and a
+    131k-token prompt cold everywhere (its block charge over every worker's live sessions)."""
     request = RequestFeatures(prompt, len(prompt) * BLOCK_SIZE, "bench-session")
     for name in PICKER_NAMES:
         picker = make_picker(name)
@@ -117,6 +132,17 @@ def scenarios(prompt: list[int]):
         "lmetric (no session)",
         make_picker("lmetric"),
         RequestFeatures(prompt, len(prompt) * BLOCK_SIZE),
+    )
+    fresh = make_picker("ttft")
+    fresh.sessions = _NoBindings()
+    yield "new session: ttft", fresh, request
+    cold = chain_ids([random.Random(1).getrandbits(63) for _ in range(256)], root=1 << 20)
+    long_cold = make_picker("ttft")
+    long_cold.sessions.bind("bench-session", 0)
+    yield (
+        "long cold: ttft",
+        long_cold,
+        RequestFeatures(cold, len(cold) * BLOCK_SIZE, "bench-session"),
     )
 
 

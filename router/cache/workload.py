@@ -188,13 +188,15 @@ class SessionFootprint:
         since: float,
         home_of: Callable[[str], int | None] | None = None,
         here: int = -1,
+        limit: int = 1 << 30,
     ) -> int:
         """Sessions other than ``session_id`` seen here at ``since`` or later and not bound
-        (``home_of``) to another worker: the ones likely to send their next turn here soon.
-        O(sessions seen since ``since``): walks from the most recent."""
+        (``home_of``) to another worker: the ones likely to send their next turn here soon;
+        at most ``limit``. Walks from the most recent: O(min(sessions since, limit))."""
         count = 0
-        for sid in reversed(self._sessions):
-            if self._sessions[sid][1] < since:
+        sessions = self._sessions
+        for sid in reversed(sessions):
+            if count >= limit or sessions[sid][1] < since:
                 break
             if sid == session_id:
                 continue

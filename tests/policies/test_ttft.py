@@ -214,6 +214,48 @@ def test_no_block_charge_where_the_request_is_warm_somewhere(request_for):
     assert picker.pick(req, [a, b]).worker == 0
 
 
+def _learn(state: WorkerState, tokens_per_s: float) -> None:
+    for _ in range(200):
+        state.rate.observe(8192, 8192 / tokens_per_s + STEP)
+
+
+def _sessions_per_worker(picker: TTFTPicker, fleet: list[WorkerState], request_for) -> list[int]:
+    """12 new sessions, one after another on an idle fleet (each served before the next)."""
+    for k in range(12):
+        req = request_for(tuple(range(1000 * k, 1000 * k + 2)), session=f"s{k}")
+        chosen = picker.pick(req, fleet).worker
+        fleet[chosen].book(req, expected_output_tokens=4, now=float(k)).finish()
+    return [len(w.footprint) for w in fleet]
+
+
+def test_new_sessions_spread_over_workers_that_differ_only_in_learned_rate(request_for):
+    # three idle workers whose learned rates differ (noise on one machine: 25k, 18k, 20k
+    # tokens/s). Without the balance every new session goes to the one that reads fastest.
+    fleet = [_state(n, 1 << 20) for n in "abc"]
+    for state, rate in zip(fleet, (25_000, 18_000, 20_000), strict=True):
+        _learn(state, rate)
+    assert _sessions_per_worker(TTFTPicker(balance_slack_s=0.0), fleet, request_for) == [12, 0, 0]
+    fleet = [_state(n, 1 << 20) for n in "abc"]
+    for state, rate in zip(fleet, (25_000, 18_000, 20_000), strict=True):
+        _learn(state, rate)
+    picker = TTFTPicker()
+    assert _sessions_per_worker(picker, fleet, request_for) == [4, 4, 4]
+    # a worker that is busy prefilling is not near-equal: the new session avoids it
+    fleet[0].pending_prefill_tokens = fleet[1].pending_prefill_tokens = 5_000
+    pick = picker.pick(request_for((7, 8), session="late"), fleet)
+    assert (pick.worker, pick.branch) == (2, "cost")
+
+
+def test_balance_keeps_a_truly_slow_worker_out(request_for):
+    # more than twice slower at its learned rate: not near-equal, whatever its sessions
+    fast, slow = _state("fast", 1 << 20), _state("slow", 1 << 20)
+    _learn(fast, 40_000)
+    _learn(slow, 5_000)
+    fast.footprint.touch("x", 1000, now=1.0)
+    pick = TTFTPicker().pick(request_for((1, 2, 3, 4), session="new"), [fast, slow])
+    assert (pick.worker, pick.branch) == (0, "cost")
+
+
 def test_learned_rate_changes_the_comparison(request_for):
     slow, fast = _state("slow", 1 << 20), _state("fast", 1 << 20)
     for _ in range(200):
