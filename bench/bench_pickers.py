@@ -7,8 +7,9 @@ each worker view is backed by the real shadow, :class:`router.cache.block_lru.Bl
 to a realistic state: one worker holds the whole prompt, three hold its first half (a
 shared system prompt and early turns), the rest hold unrelated blocks. Loads are mixed.
 Goal: p99 <= 50 us for ttft, lmetric and unified. Workers carry what the ttft picker
-reads from the worker state: a learned rate and a session footprint whose warm sessions
-overfill the KV cache, so its eviction charge is computed too. The timer wraps
+reads from the worker state: a learned rate, a session footprint whose warm sessions
+overfill the KV cache (so its eviction charge is computed too) and the shadow's pinned
+blocks with booked output (its memory check). The timer wraps
 ``picker.pick`` only; GC stays on, as it is in the proxy.
 
 The machine is shared (2 cores, other jobs come and go), so every scenario runs in several
@@ -39,6 +40,7 @@ class BenchWorker:
     """A WorkerView over a real BlockLRU, shaped like the router's per-worker state."""
 
     __slots__ = (
+        "blocks",
         "footprint",
         "healthy",
         "kv_capacity_tokens",
@@ -50,11 +52,11 @@ class BenchWorker:
     )
 
     def __init__(self, lru: BlockLRU, num_requests: int, pending: int) -> None:
-        self.lru = lru
+        self.lru = self.blocks = lru  # ttft reads the shadow's pinned blocks (its memory check)
         self.healthy = True
         self.num_requests = num_requests
         self.pending_prefill_tokens = pending
-        self.ongoing_decode_tokens = 0
+        self.ongoing_decode_tokens = 256 * num_requests
         self.kv_capacity_tokens = lru.capacity_blocks * lru.block_size
         self.rate = PrefillRate()
         self.footprint = SessionFootprint()
@@ -99,8 +101,23 @@ def measure(
     return samples[len(samples) // 2] / 1000, samples[len(samples) * 99 // 100] / 1000
 
 
+class _NoBindings:
+    """A session table that never keeps a binding: every pick is a new session's."""
+
+    def get(self, session_id: str) -> None:
+        return None
+
+    def peek(self, session_id: str) -> None:
+        return None
+
+    def bind(self, session_id: str, worker: int) -> None:
+        return None
+
+
 def scenarios(prompt: list[int]):
-    """(label, picker, request): every registered picker, plus unified's fallback path."""
+    """(label, picker, request): every registered picker, plus unified's fallback path and
+    ttft's two costlier paths (outside the goal): a new session (its balance check) and a
+    131k-token prompt cold everywhere (its block charge over every worker's live sessions)."""
     request = RequestFeatures(prompt, len(prompt) * BLOCK_SIZE, "bench-session")
     for name in PICKER_NAMES:
         picker = make_picker(name)
@@ -115,6 +132,17 @@ def scenarios(prompt: list[int]):
         "lmetric (no session)",
         make_picker("lmetric"),
         RequestFeatures(prompt, len(prompt) * BLOCK_SIZE),
+    )
+    fresh = make_picker("ttft")
+    fresh.sessions = _NoBindings()
+    yield "new session: ttft", fresh, request
+    cold = chain_ids([random.Random(1).getrandbits(63) for _ in range(256)], root=1 << 20)
+    long_cold = make_picker("ttft")
+    long_cold.sessions.bind("bench-session", 0)
+    yield (
+        "long cold: ttft",
+        long_cold,
+        RequestFeatures(cold, len(cold) * BLOCK_SIZE, "bench-session"),
     )
 
 

@@ -36,6 +36,10 @@ class SessionTable:
             self._bindings.move_to_end(session_id)
         return worker
 
+    def peek(self, session_id: str) -> int | None:
+        """The bound worker index without marking the session used; None if unbound."""
+        return self._bindings.get(session_id)
+
     def bind(self, session_id: str, worker: int) -> None:
         """Bind (or rebind) a session, evicting the least recently used beyond capacity."""
         bindings = self._bindings

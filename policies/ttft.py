@@ -7,26 +7,56 @@ worker ``i`` in seconds:
 
     work_i  = pending_prefill_i + uncached_i          (uncached = input - estimated hit)
     ttft_i  = work_i / rate_i + (work_i / chunk_tokens + 1) * (step_s + seq_s * num_requests_i)
-    evict_i = min(uncached_i, warm_i + input - kv_capacity_i)+  / rate_i * eviction_weight
-    share_i = share_weight * uncached_i / rate_i * num_requests_i * q_i / (q_i + share_tau_s)
-    cost_i  = ttft_i + evict_i + share_i                 (q_i = pending_prefill_i / rate_i)
+    share_i = share_weight * uncached_i / rate_i * num_requests_i * g(work_i / rate_i)
+    evict_i = displaced_i / rate_i * eviction_weight
+    wait_i  = memory_weight * ongoing_decode_i / num_requests_i / 2 * (step_s + seq_s * n_i)
+              (only when the in-flight KV plus this prompt exceeds the worker's capacity)
+    block_i = block_weight * uncached_i / rate_i * live_i
+              (only when min_j uncached_j / rate_j >= hopeless_s)
+    cost_i  = ttft_i + share_i + evict_i + wait_i + block_i
+                                                         g(x) = x^2 / (x^2 + share_tau_s^2)
 
 - ``rate_i`` is the worker's effective prefill rate, learned online from observed time to
   first token and reported cached tokens (:class:`router.cache.workload.PrefillRate`, seeded
   from configuration, bounded); views without one use ``prefill_tokens_per_s``.
 - The step term is chunked prefill's: every ``chunk_tokens`` of prefill share an engine
   step with the running batch, whose cost grows with it.
-- ``warm_i`` is the KV held on worker ``i`` by *other* sessions seen there recently
-  (:class:`router.cache.workload.SessionFootprint`). When it plus this request exceeds the
-  worker's capacity, the tokens this request inserts push out blocks those sessions will ask
-  for again: the placement is charged their recompute. A session's own worker, which already
-  holds its prefix, inserts little and is charged little, so under KV pressure sessions stay
-  put and new ones go where they displace no one.
-- ``share_i``: uncached work on a worker with a queue delays whatever arrives there behind
-  it; the gate ``q / (q + tau)`` makes that cost vanish on a worker with nothing queued and
-  reach ``uncached / rate`` per request in flight on a backed-up one. At overload it keeps
-  big cold prompts off the workers where warm turns are queueing (simulator: the overload
-  rows of ``bench/RESULTS.md``); at light load it is 0.
+- ``displaced_i``: the KV held on worker ``i`` by *other* sessions seen there recently
+  (:class:`router.cache.workload.SessionFootprint`). When it plus this prompt exceeds the
+  worker's capacity, the tokens this request inserts (``min(uncached, overflow)``) push out
+  other sessions' blocks, least recently seen first; each session pushed out is charged the
+  recompute of its tokens, at most ``displace_cap_tokens`` each (one turn of it goes cold;
+  what an eviction costs is a cold turn, so one huge session does not count as many small
+  ones). A session this picker has since bound to another worker is stale here: pushing it
+  out costs nothing. A session's own worker, which already holds its prefix, inserts little
+  and displaces little, so under KV pressure sessions stay put and new ones go where they
+  displace no one.
+- ``wait_i``: an engine admits a request only when its KV fits beside the running ones'. When
+  the worker's in-flight KV (the shadow's pinned blocks plus the output booked for them)
+  and this prompt exceed its capacity, the request waits for running requests to finish:
+  about half the mean booked output at the current decode step. Without it a session whose
+  next turn cannot fit beside a long-running neighbour queues behind it (Weka at 1x: 25
+  requests of one session waited 50-190 s behind one 136k-token request).
+- ``share_i``: uncached work on a busy worker delays whatever arrives there behind it (chunked
+  prefill serves requests in admission order). The gate ``g`` of the predicted wait
+  ``work / rate`` keeps it near 0 for short prefills on a quiet worker (Mooncake's ~1 s
+  prompts at light load) and near ``uncached / rate`` per request in flight for long ones
+  or a backed-up queue (Weka's 60-100k-token cold prompts; the overload rows): big cold
+  prompts go where few requests will queue behind them.
+- ``block_i``: a request whose own prefill is long on every worker (at least ``hopeless_s``:
+  a long prompt cold everywhere) will be slow wherever it goes; what its placement still
+  decides is whom it delays. Sessions live on a worker (``live_i``: seen there within
+  ``live_s``, not bound elsewhere, counted up to ``LIVE_LIMIT``) send their next turns
+  there, and those queue behind its prefill; ``share_i`` counts only the requests in
+  flight, while agentic sessions spend most of their time between turns. So it goes where
+  few sessions live. Short requests never pay it: they are placed for their own TTFT. On
+  Weka at 1x this took ttft's p90 from 1.25 s to 1.10 s (unified 1.42 s).
+- Balance: a new session (unbound) whose best workers are equal but for their learned rates
+  (priced at the configured rate, within ``balance_slack_s``; at their learned rates at
+  most twice the best) goes to the one with the fewest live sessions, then the fewest
+  requests. A rate learned from a few noisy samples would otherwise draw every new session
+  to the worker that measured fastest, and each session brings its later turns with it
+  (real vLLM workers on one machine: up to 1.75x the mean requests on one worker).
 - Affinity: a session stays on the worker it was last sent to while that worker's cost is
   within ``affinity_margin`` (relative) plus ``affinity_slack_s`` of the best; the estimate is
   noisy and every move duplicates the session's prefix on a second worker.
@@ -38,8 +68,9 @@ picker reads the views only; the rate and the footprint are fed by the worker st
 and report code (:mod:`router.cache.worker_state`), the same in the proxy and the simulator.
 
 Branches: ``affinity_stick`` (kept on its worker within the margin), ``affinity_moved``
-(a bound session sent elsewhere), ``cost`` (one cheapest worker), ``tie_rr`` (round-robin
-among exact ties); requests without a session take ``cost`` or ``tie_rr``.
+(a bound session sent elsewhere), ``balance`` (a new session among near-equal workers),
+``cost`` (one cheapest worker), ``tie_rr`` (round-robin among exact ties); requests without
+a session take ``cost`` or ``tie_rr``.
 """
 
 from __future__ import annotations
@@ -55,8 +86,15 @@ from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
 AFFINITY_MARGIN = 0.1
 AFFINITY_SLACK_S = 0.05
 EVICTION_WEIGHT = 1.0
+DISPLACE_CAP_TOKENS = 40_000
+MEMORY_WEIGHT = 1.0
 SHARE_WEIGHT = 1.0
-SHARE_TAU_S = 1.0
+SHARE_TAU_S = 4.0
+BLOCK_WEIGHT = 1.0
+HOPELESS_S = 4.0
+LIVE_S = 60.0
+LIVE_LIMIT = 8
+BALANCE_SLACK_S = 0.005
 CHUNK_TOKENS = 8192
 SEQ_S = 0.00015
 INF = float("inf")
@@ -73,8 +111,14 @@ class TTFTPicker:
         affinity_margin: float = AFFINITY_MARGIN,
         affinity_slack_s: float = AFFINITY_SLACK_S,
         eviction_weight: float = EVICTION_WEIGHT,
+        displace_cap_tokens: int = DISPLACE_CAP_TOKENS,
+        memory_weight: float = MEMORY_WEIGHT,
         share_weight: float = SHARE_WEIGHT,
         share_tau_s: float = SHARE_TAU_S,
+        block_weight: float = BLOCK_WEIGHT,
+        hopeless_s: float = HOPELESS_S,
+        live_s: float = LIVE_S,
+        balance_slack_s: float = BALANCE_SLACK_S,
         prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
         chunk_tokens: int = CHUNK_TOKENS,
         step_s: float = STEP_OVERHEAD_S,
@@ -83,13 +127,21 @@ class TTFTPicker:
     ) -> None:
         if prefill_tokens_per_s <= 0 or chunk_tokens <= 0:
             raise ValueError("prefill_tokens_per_s and chunk_tokens must be positive")
-        if min(affinity_margin, affinity_slack_s, eviction_weight, share_weight, share_tau_s) < 0:
-            raise ValueError("margins, weights and share_tau_s must be >= 0")
+        knobs = (affinity_margin, affinity_slack_s, eviction_weight, memory_weight, share_weight)
+        times = (share_tau_s, hopeless_s, live_s, balance_slack_s)
+        if min(*knobs, block_weight, *times, displace_cap_tokens) < 0:
+            raise ValueError("margins, weights, times and displace_cap_tokens must be >= 0")
         self.affinity_margin = affinity_margin
         self.affinity_slack_s = affinity_slack_s
         self.eviction_weight = eviction_weight
+        self.displace_cap_tokens = displace_cap_tokens
+        self.memory_weight = memory_weight
         self.share_weight = share_weight
         self.share_tau_s = share_tau_s
+        self.block_weight = block_weight
+        self.hopeless_s = hopeless_s
+        self.live_s = live_s
+        self.balance_slack_s = balance_slack_s
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.chunk_tokens = chunk_tokens
         self.step_s = step_s
@@ -99,16 +151,21 @@ class TTFTPicker:
 
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
         hits, best_hit = estimate_hits(request, workers)
-        costs = self.costs(request, workers, hits)
         session = request.session_id
         bound = self.sessions.get(session) if session is not None else None
         if bound is not None and (bound >= len(workers) or hits[bound] == UNHEALTHY):
             bound = None
+        costs = self.costs(request, workers, hits, keep=bound, exact=False)
         best = min(costs)  # unhealthy workers cost inf; at least one is healthy
         if bound is not None:
             bound_cost = costs[bound]
             if bound_cost <= best * (1.0 + self.affinity_margin) + self.affinity_slack_s:
                 return Pick(bound, "affinity_stick", hits[bound], best_hit)
+        elif session is not None and self.balance_slack_s:
+            chosen = self._balance(request, workers, hits, costs, best)
+            if chosen is not None:
+                self.sessions.bind(session, chosen)
+                return Pick(chosen, "balance", hits[chosen], best_hit)
         if costs.count(best) == 1:
             chosen, branch = costs.index(best), "cost"
         else:
@@ -120,22 +177,86 @@ class TTFTPicker:
             self.sessions.bind(session, chosen)
         return Pick(chosen, branch, hits[chosen], best_hit)
 
-    def costs(
-        self, request: RequestFeatures, workers: Sequence[WorkerView], hits: Sequence[int]
-    ) -> list[float]:
-        """Predicted seconds per worker (inf for unhealthy ones); see the module docstring."""
-        length = request.input_length
+    def _balance(
+        self,
+        request: RequestFeatures,
+        workers: Sequence[WorkerView],
+        hits: Sequence[int],
+        costs: Sequence[float],
+        best: float,
+    ) -> int | None:
+        """A new session's worker when several are equal but for their learned rates.
+
+        Priced at the configured rate, the workers within ``balance_slack_s`` of the best
+        (and at most twice the best at their learned rates) are near-equal; of those, the
+        one with the fewest live sessions, then the fewest requests, round-robin among ties.
+        None when fewer than two are near-equal. Why: a rate learned from a few noisy
+        samples would otherwise send every new session to the worker that measured fastest,
+        and each session brings all its later turns with it.
+        """
+        if getattr(workers[0], "footprint", None) is None:
+            return None
+        # first the queue and own prefill alone (cheap): usually one worker is clearly ahead
+        length, rate = request.input_length, self.prefill_tokens_per_s
+        step_s, seq_s, chunk = self.step_s, self.seq_s, self.chunk_tokens
+        base = []
+        for i, w in enumerate(workers):
+            work = w.pending_prefill_tokens + max(length - hits[i], 0)
+            healthy = hits[i] != UNHEALTHY
+            base.append(
+                work / rate + (work / chunk + 1.0) * (step_s + seq_s * w.num_requests)
+                if healthy
+                else INF
+            )
+        cut = min(base) + self.balance_slack_s
+        if sum(1 for b in base if b <= cut) < 2:
+            return None
+        common = self.costs(request, workers, hits, learned_rates=False)
+        limit = min(common) + self.balance_slack_s
+        top = 2.0 * best
+        near = [i for i, c in enumerate(common) if c <= limit and costs[i] <= top]
+        if len(near) < 2:
+            return None
         session = request.session_id
+        since = max(w.footprint.clock for w in workers) - self.live_s
+        peek = self.sessions.peek
+        load = [
+            (
+                workers[i].footprint.live_sessions(session, since, peek, i, LIVE_LIMIT),
+                workers[i].num_requests,
+            )
+            for i in near
+        ]
+        low = min(load)
+        tied = [i for i, x in zip(near, load, strict=True) if x == low]
+        return tied[0] if len(tied) == 1 else self._rr.choose(tied)
+
+    def costs(
+        self,
+        request: RequestFeatures,
+        workers: Sequence[WorkerView],
+        hits: Sequence[int],
+        keep: int | None = None,
+        exact: bool = True,
+        learned_rates: bool = True,
+    ) -> list[float]:
+        """Predicted seconds per worker (inf for unhealthy ones); see the module docstring.
+
+        With ``exact=False`` (what :meth:`pick` uses) the KV charges (``evict``, ``wait``,
+        never negative) are added only where they can matter: to the cheapest worker before
+        them, to ``keep`` (the session's worker), and to every worker whose cost before
+        them is at most the best total found so far. The others keep a lower bound that is
+        already above the minimum, so the minimum, its ties and ``keep``'s cost are exact.
+        """
+        length = request.input_length
         default_rate = self.prefill_tokens_per_s
         chunk, step_s, seq_s = self.chunk_tokens, self.step_s, self.seq_s
-        weight = self.eviction_weight
         share = self.share_weight
-        tau = self.share_tau_s
+        tau2 = self.share_tau_s * self.share_tau_s
         first = workers[0] if workers else None
-        learned = getattr(first, "rate", None) is not None  # views of one kind: check once
-        tracked = weight and getattr(first, "footprint", None) is not None
-        now = -1.0  # the latest booking anywhere: found when a worker first needs it
+        learned = learned_rates and getattr(first, "rate", None) is not None  # one kind: check once
         costs: list[float] = []
+        own_min = INF  # the request's own prefill on the worker where it is shortest
         for i, worker in enumerate(workers):
             hit = hits[i]
             if hit == UNHEALTHY:
@@ -143,24 +264,113 @@ class TTFTPicker:
                 continue
             uncached = length - hit if length > hit else 0
             rate = worker.rate.tokens_per_s if learned else default_rate
-            pending = worker.pending_prefill_tokens
-            work = pending + uncached
+            if uncached / rate < own_min:
+                own_min = uncached / rate
+            work = worker.pending_prefill_tokens + uncached
             n = worker.num_requests
             cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
             if share and uncached and n:
                 extra = share * uncached / rate * n
-                if tau:
-                    queue = pending / rate
-                    extra *= queue / (queue + tau)
+                if tau2:
+                    wait = work / rate
+                    wait *= wait
+                    extra *= wait / (wait + tau2)
                 cost += extra
-            if tracked and uncached:
-                footprint = worker.footprint
-                capacity = worker.kv_capacity_tokens
-                if footprint.warm_tokens + length > capacity:  # an upper bound: check closer
-                    if now < 0:
-                        now = max(w.footprint.clock for w in workers)
-                    over = footprint.others_tokens(session, now) + length - capacity
-                    if over > 0:
-                        cost += weight * (uncached if uncached < over else over) / rate
             costs.append(cost)
+        footprints = getattr(first, "footprint", None) is not None
+        if self.block_weight and footprints and self.hopeless_s <= own_min < INF:
+            self._add_block(request, workers, hits, costs, learned)
+        tracked = self.eviction_weight and footprints
+        memory = self.memory_weight if getattr(first, "blocks", None) is not None else 0.0
+        if not (tracked or memory):
+            return costs
+        charge = self._charge
+        if exact:
+            for i, worker in enumerate(workers):
+                if costs[i] != INF:
+                    costs[i] += charge(request, workers, worker, i, hits[i], learned, memory)
+            return costs
+        best_i = costs.index(min(costs))
+        done = {best_i, keep}
+        best = costs[best_i] = costs[best_i] + charge(
+            request, workers, workers[best_i], best_i, hits[best_i], learned, memory
+        )
+        if keep is not None and keep != best_i:
+            costs[keep] += charge(
+                request, workers, workers[keep], keep, hits[keep], learned, memory
+            )
+            best = min(best, costs[keep])
+        for i, worker in enumerate(workers):
+            if costs[i] <= best and i not in done:
+                costs[i] += charge(request, workers, worker, i, hits[i], learned, memory)
+                if costs[i] < best:
+                    best = costs[i]
         return costs
+
+    def _add_block(
+        self,
+        request: RequestFeatures,
+        workers: Sequence[WorkerView],
+        hits: Sequence[int],
+        costs: list[float],
+        learned: bool,
+    ) -> None:
+        """Add ``block_i`` to ``costs`` in place: the request's own prefill on worker ``i``
+        times the sessions live there (seen within ``live_s``, not bound elsewhere), who
+        will queue behind it when their next turn comes."""
+        length = request.input_length
+        since = max(w.footprint.clock for w in workers) - self.live_s
+        home_of, sid = self.sessions.peek, request.session_id
+        for i, worker in enumerate(workers):
+            if costs[i] == INF:
+                continue
+            live = worker.footprint.live_sessions(sid, since, home_of, i, LIVE_LIMIT)
+            if live:
+                hit = hits[i]
+                rate = worker.rate.tokens_per_s if learned else self.prefill_tokens_per_s
+                costs[i] += self.block_weight * (length - hit if length > hit else 0) / rate * live
+
+    def _charge(
+        self,
+        request: RequestFeatures,
+        workers: Sequence[WorkerView],
+        worker: WorkerView,
+        i: int,
+        hit: int,
+        learned: bool,
+        memory: float,
+    ) -> float:
+        """Worker ``i``'s KV charges: the recompute it pushes onto other sessions
+        (``evict``) and the wait for memory (``wait``), in seconds."""
+        length = request.input_length
+        uncached = length - hit if length > hit else 0
+        rate = worker.rate.tokens_per_s if learned else self.prefill_tokens_per_s
+        capacity = worker.kv_capacity_tokens
+        charge = 0.0
+        footprint = getattr(worker, "footprint", None)
+        # footprint.warm_tokens + length is an upper bound of what it holds: check closer
+        if (
+            self.eviction_weight
+            and footprint is not None
+            and uncached
+            and footprint.warm_tokens + length > capacity
+        ):
+            now = max(w.footprint.clock for w in workers)  # the latest booking anywhere
+            pushed = footprint.pushed_out(
+                request.session_id,
+                length,
+                uncached,
+                capacity,
+                now,
+                self.displace_cap_tokens,
+                self.sessions.peek,
+                i,
+            )
+            charge += self.eviction_weight * pushed / rate
+        n = worker.num_requests
+        if memory and n:
+            blocks = worker.blocks
+            decode = worker.ongoing_decode_tokens
+            if blocks.pinned_blocks * blocks.block_size + decode + length > capacity:
+                charge += memory * 0.5 * decode / n * (self.step_s + self.seq_s * n)
+        return charge

@@ -218,17 +218,23 @@ def shadow_errors(workers: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def metrics_error_ratio(url: str) -> dict[str, float]:
-    """``cache_router_shadow_error_ratio{shadow}`` from the router's /metrics."""
+def metrics_error_ratio(url: str) -> tuple[dict[str, float], dict[str, int]]:
+    """``cache_router_shadow_error_ratio{shadow}`` and the picker's decisions by branch
+    (``cache_router_decisions_total{branch}``) from the router's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
+    decisions: dict[str, int] = {}
     text = httpx.get(f"{url}/metrics", timeout=10).text
     for family in text_string_to_metric_families(text):
         if family.name == "cache_router_shadow_error_ratio":
             for sample in family.samples:
                 out[sample.labels["shadow"]] = sample.value
-    return out
+        elif family.name == "cache_router_decisions":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    decisions[sample.labels["branch"]] = int(sample.value)
+    return out, decisions
 
 
 def run_one(spec: RunSpec, workers: list[str], cfg: Workload, text: str) -> dict[str, Any]:
@@ -246,7 +252,7 @@ def run_one(spec: RunSpec, workers: list[str], cfg: Workload, text: str) -> dict
         time.sleep(1.5)  # the last usage reports, scrapes and events
         after = worker_counters(workers)
         described = httpx.get(f"{svc.url}/workers", timeout=10).json()
-        ratio = metrics_error_ratio(svc.url)
+        ratio, decisions = metrics_error_ratio(svc.url)
     ok = [r for r in records if r["ok"]]
     hits = sum(after[u][0] - before[u][0] for u in workers)
     queries = sum(after[u][1] - before[u][1] for u in workers)
@@ -281,6 +287,7 @@ def run_one(spec: RunSpec, workers: list[str], cfg: Workload, text: str) -> dict
         "imbalance": max(counts) / (sum(counts) / len(counts)) if sum(counts) else None,
         "shadow_error": shadow_errors(described),
         "metrics_shadow_error_ratio": ratio,
+        "decisions": decisions,
         "kv_synced_at_start": synced,
         "kv_events": {w["url"]: w.get("kv_events") for w in described},
         "records": records,

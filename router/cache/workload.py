@@ -17,12 +17,14 @@ picker reads:
 - :class:`SessionFootprint`: the sessions recently served by the worker and how many tokens
   of KV each holds there (its last prompt plus output), with their sum over the sessions
   seen within ``horizon_s``: the worker's warm working set. When it exceeds the worker's KV
-  capacity, whatever a new placement inserts pushes out blocks a warm session will ask for.
+  capacity, whatever a new placement inserts pushes out blocks a warm session will ask for
+  (:meth:`SessionFootprint.displaced` says whose, and what their recompute costs).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 DEFAULT_PREFILL_TOKENS_PER_S = 15_000.0
 """The configured prefill rate when nothing else is known (the worker model's default)."""
@@ -104,6 +106,106 @@ class SessionFootprint:
             if entry is not None:
                 warm -= entry[0]
         return warm
+
+    def displaced(
+        self,
+        session_id: str | None,
+        tokens: int,
+        cap: int = 1 << 62,
+        home_of: Callable[[str], int | None] | None = None,
+        here: int = -1,
+    ) -> int:
+        """Tokens to recompute when inserting ``tokens`` here pushes out other sessions.
+
+        The sessions are pushed out least recently seen first, whole (a turn that finds its
+        prefix gone recomputes it), until ``tokens`` are freed; each is charged its tokens,
+        at most ``cap``; a session that ``home_of`` (the router's session bindings) says now
+        lives on a worker other than ``here`` is stale here and freed at no charge, and
+        ``session_id``'s own entry is skipped. O(sessions pushed out). Call
+        after :meth:`others_tokens`, which forgets the sessions past the horizon.
+        """
+        if tokens <= 0:
+            return 0
+        freed = charged = 0
+        for sid, (held, _seen) in self._sessions.items():
+            if sid == session_id:
+                continue
+            freed += held
+            if home_of is not None:
+                home = home_of(sid)
+                if home is not None and home != here:
+                    if freed >= tokens:
+                        break
+                    continue
+            charged += held if held < cap else cap
+            if freed >= tokens:
+                break
+        return charged
+
+    def pushed_out(
+        self,
+        session_id: str | None,
+        length: int,
+        uncached: int,
+        capacity: int,
+        now: float,
+        cap: int = 1 << 62,
+        home_of: Callable[[str], int | None] | None = None,
+        here: int = -1,
+    ) -> int:
+        """What placing ``session_id``'s prompt of ``length`` tokens here (``uncached`` of
+        them to insert) costs the other warm sessions, in tokens to recompute: 0 while the
+        others' warm tokens at ``now`` plus ``length`` fit in ``capacity``, else
+        :meth:`displaced` for the inserted tokens beyond it (inlined: the picker calls this
+        once per worker per pick)."""
+        warm = self.warm_tokens
+        if self._head_seen < now - self.horizon_s:
+            warm = self.expire(now)
+        sessions = self._sessions
+        if session_id is not None:
+            own = sessions.get(session_id)
+            if own is not None:
+                warm -= own[0]
+        over = warm + length - capacity
+        if over <= 0 or uncached <= 0:
+            return 0
+        tokens = uncached if uncached < over else over
+        freed = charged = 0
+        for sid, (held, _seen) in sessions.items():
+            if sid == session_id:
+                continue
+            freed += held
+            home = home_of(sid) if home_of is not None else None
+            if home is None or home == here:
+                charged += held if held < cap else cap
+            if freed >= tokens:
+                break
+        return charged
+
+    def live_sessions(
+        self,
+        session_id: str | None,
+        since: float,
+        home_of: Callable[[str], int | None] | None = None,
+        here: int = -1,
+        limit: int = 1 << 30,
+    ) -> int:
+        """Sessions other than ``session_id`` seen here at ``since`` or later and not bound
+        (``home_of``) to another worker: the ones likely to send their next turn here soon;
+        at most ``limit``. Walks from the most recent: O(min(sessions since, limit))."""
+        count = 0
+        sessions = self._sessions
+        for sid in reversed(sessions):
+            if count >= limit or sessions[sid][1] < since:
+                break
+            if sid == session_id:
+                continue
+            if home_of is not None:
+                home = home_of(sid)
+                if home is not None and home != here:
+                    continue
+            count += 1
+        return count
 
     def touch(self, session_id: str, tokens: int, now: float) -> None:
         """``session_id`` was booked here at ``now`` and will hold ``tokens`` of KV."""

@@ -22,12 +22,18 @@ def test_keeps_a_warm_session_on_the_idle_warm_worker_where_lmetric_goes_cold(wo
     # LMetric: cold (0 + 2560) * 0 = 0 beats warm (0 + 512) * 1 = 512
     assert LMetricPicker().pick(req, [cold, warm]).worker == 0
     # ttft, by hand: cold 2560/15000 + (2560/8192 + 1) * 0.012          = 0.186417 s
-    #                warm  512/15000 + ( 512/8192 + 1) * (0.012 + 0.00015) = 0.047042 s
+    #                warm  512/15000 + ( 512/8192 + 1) * (0.012 + 0.00015) = 0.047043 s
+    #   + share on the busy warm worker: 512/15000 * 1 request * g(w), w = 512/15000 s,
+    #     g(w) = w^2 / (w^2 + 4^2) = 0.0000728: + 0.0000025 s       = 0.047045 s
     picker = TTFTPicker()
     costs = picker.costs(req, [cold, warm], [0, 2048])
     assert costs[0] == pytest.approx(2560 / RATE + (2560 / CHUNK + 1) * STEP)
     assert costs[0] == pytest.approx(0.186417, abs=1e-6)
-    assert costs[1] == pytest.approx(0.047042, abs=1e-6)
+    w = 512 / RATE
+    assert costs[1] == pytest.approx(
+        w + (512 / CHUNK + 1) * (STEP + SEQ) + w * w * w / (w * w + 16)
+    )
+    assert costs[1] == pytest.approx(0.047045, abs=1e-6)
     pick = picker.pick(req, [cold, warm])
     assert (pick.worker, pick.branch, pick.hit_tokens, pick.best_hit_tokens) == (
         1,
@@ -119,6 +125,137 @@ def test_the_session_itself_is_not_counted_as_displaced(request_for):
     assert cost == pytest.approx(2048 / RATE + (2048 / CHUNK + 1) * STEP)
 
 
+def test_displacement_is_charged_per_session_up_to_the_cap(request_for):
+    # worker 0 holds one big warm session (100k tokens of a 104k-token KV); the new request's
+    # 4 blocks push it out: it will recompute 100k tokens, charged at most the 40k cap
+    big, free = _state("big", 104_448), _state("free", 104_448)
+    big.footprint.touch("whale", 100_000, now=1.0)
+    free.footprint.touch("z", 0, now=1.0)
+    req = request_for((1, 2, 3, 4, 5, 6, 7, 8, 9, 10), session="new")
+    picker = TTFTPicker()
+    costs = picker.costs(req, [big, free], [0, 0])
+    assert costs[0] - costs[1] == pytest.approx(40_000 / RATE)
+    assert TTFTPicker(displace_cap_tokens=1 << 30).costs(req, [big, free], [0, 0])[0] - costs[
+        1
+    ] == pytest.approx(100_000 / RATE)
+
+
+def test_a_session_bound_elsewhere_is_pushed_out_for_free(request_for):
+    a, b = _state("a", 8 * 512), _state("b", 8 * 512)
+    picker = TTFTPicker()
+    # "x" was served by worker 0, then the picker sent it to worker 1
+    a.footprint.touch("x", 4096, now=1.0)
+    picker.sessions.bind("x", 1)
+    req = request_for((1, 2, 3, 4), session="new")
+    costs = picker.costs(req, [a, b], [0, 0])
+    assert costs[0] == pytest.approx(costs[1])
+
+
+def test_a_request_that_cannot_fit_beside_the_running_ones_waits_for_them(request_for):
+    # worker 0 runs one request holding 6 of its 8 blocks with 400 output tokens booked;
+    # a 4-block prompt does not fit beside it: it waits about half that output's decode
+    busy, idle = _state("busy", 8 * 512), _state("idle", 8 * 512)
+    running = request_for((11, 12, 13, 14, 15, 16))
+    busy.book(running, expected_output_tokens=400, now=0.0)
+    busy.pending_prefill_tokens = 0  # its prefill is done: it decodes
+    req = request_for((1, 2, 3, 4))
+    picker = TTFTPicker(share_weight=0.0)
+    costs = picker.costs(req, [busy, idle], [0, 0])
+    step = STEP + SEQ
+    own = 2048 / RATE + (2048 / CHUNK + 1) * step
+    assert costs[0] == pytest.approx(own + 0.5 * 400 * step)
+    assert picker.pick(req, [busy, idle]).worker == 1
+    # a 1-block prompt fits (3,072 + 512 + 400 tokens <= 4,096): no wait
+    small = request_for((1,))
+    assert picker.costs(small, [busy], [0])[0] == pytest.approx(
+        512 / RATE + (512 / CHUNK + 1) * step
+    )
+
+
+def test_a_long_cold_prefill_goes_where_fewest_live_sessions_would_queue_behind_it(request_for):
+    # 200 blocks (102,400 tokens), cold everywhere: 6.8 s of prefill wherever it goes (past
+    # hopeless_s). Worker 0 serves two sessions seen 10 s ago, worker 1 one seen 10 s ago and
+    # one 100 s ago (past live_s: not live), worker 2 one that has moved to worker 0.
+    a, b, c = (_state(n, 1 << 20) for n in "abc")
+    a.footprint.touch("x", 1000, now=90.0)
+    a.footprint.touch("y", 1000, now=90.0)
+    b.footprint.touch("old", 1000, now=0.0)
+    b.footprint.touch("z", 1000, now=90.0)
+    c.footprint.touch("m", 1000, now=100.0)
+    picker = TTFTPicker()
+    picker.sessions.bind("m", 0)
+    req = request_for(tuple(range(1, 201)), session="new")
+    plain = TTFTPicker(block_weight=0.0).costs(req, [a, b, c], [0, 0, 0])
+    costs = picker.costs(req, [a, b, c], [0, 0, 0])
+    own = 102_400 / RATE
+    # block_i = own prefill x live sessions: 2, 1, 0
+    assert [x - y for x, y in zip(costs, plain, strict=True)] == pytest.approx([2 * own, own, 0])
+    assert picker.pick(req, [a, b, c]).worker == 2
+    # the request's own session does not count, and a short prefill pays nothing
+    assert picker.costs(request_for(tuple(range(1, 201)), session="z"), [b], [0])[0] == (
+        pytest.approx(plain[1])
+    )
+    short = request_for((1, 2, 3, 4), session="new")
+    assert picker.costs(short, [a, b, c], [0, 0, 0]) == pytest.approx(
+        TTFTPicker(block_weight=0.0).costs(short, [a, b, c], [0, 0, 0])
+    )
+
+
+def test_no_block_charge_where_the_request_is_warm_somewhere(request_for):
+    # the same long prompt, cached on worker 0: its best own prefill is short, so it is
+    # placed for its own TTFT and keeps its cache, live sessions or not
+    a, b = _state("a", 1 << 20), _state("b", 1 << 20)
+    a.footprint.touch("x", 1000, now=90.0)
+    b.footprint.touch("y", 0, now=90.0)
+    req = request_for(tuple(range(1, 201)), session="new")
+    picker = TTFTPicker()
+    costs = picker.costs(req, [a, b], [100_000, 0])
+    assert costs == pytest.approx(TTFTPicker(block_weight=0.0).costs(req, [a, b], [100_000, 0]))
+    assert picker.pick(req, [a, b]).worker == 0
+
+
+def _learn(state: WorkerState, tokens_per_s: float) -> None:
+    for _ in range(200):
+        state.rate.observe(8192, 8192 / tokens_per_s + STEP)
+
+
+def _sessions_per_worker(picker: TTFTPicker, fleet: list[WorkerState], request_for) -> list[int]:
+    """12 new sessions, one after another on an idle fleet (each served before the next)."""
+    for k in range(12):
+        req = request_for(tuple(range(1000 * k, 1000 * k + 2)), session=f"s{k}")
+        chosen = picker.pick(req, fleet).worker
+        fleet[chosen].book(req, expected_output_tokens=4, now=float(k)).finish()
+    return [len(w.footprint) for w in fleet]
+
+
+def test_new_sessions_spread_over_workers_that_differ_only_in_learned_rate(request_for):
+    # three idle workers whose learned rates differ (noise on one machine: 25k, 18k, 20k
+    # tokens/s). Without the balance every new session goes to the one that reads fastest.
+    fleet = [_state(n, 1 << 20) for n in "abc"]
+    for state, rate in zip(fleet, (25_000, 18_000, 20_000), strict=True):
+        _learn(state, rate)
+    assert _sessions_per_worker(TTFTPicker(balance_slack_s=0.0), fleet, request_for) == [12, 0, 0]
+    fleet = [_state(n, 1 << 20) for n in "abc"]
+    for state, rate in zip(fleet, (25_000, 18_000, 20_000), strict=True):
+        _learn(state, rate)
+    picker = TTFTPicker()
+    assert _sessions_per_worker(picker, fleet, request_for) == [4, 4, 4]
+    # a worker that is busy prefilling is not near-equal: the new session avoids it
+    fleet[0].pending_prefill_tokens = fleet[1].pending_prefill_tokens = 5_000
+    pick = picker.pick(request_for((7, 8), session="late"), fleet)
+    assert (pick.worker, pick.branch) == (2, "cost")
+
+
+def test_balance_keeps_a_truly_slow_worker_out(request_for):
+    # more than twice slower at its learned rate: not near-equal, whatever its sessions
+    fast, slow = _state("fast", 1 << 20), _state("slow", 1 << 20)
+    _learn(fast, 40_000)
+    _learn(slow, 5_000)
+    fast.footprint.touch("x", 1000, now=1.0)
+    pick = TTFTPicker().pick(request_for((1, 2, 3, 4), session="new"), [fast, slow])
+    assert (pick.worker, pick.branch) == (0, "cost")
+
+
 def test_learned_rate_changes_the_comparison(request_for):
     slow, fast = _state("slow", 1 << 20), _state("fast", 1 << 20)
     for _ in range(200):
@@ -140,6 +277,8 @@ def test_parameters_are_validated():
         TTFTPicker(prefill_tokens_per_s=0)
     with pytest.raises(ValueError):
         TTFTPicker(affinity_margin=-1)
+    with pytest.raises(ValueError):
+        TTFTPicker(live_s=-1)
 
 
 def test_footprint_is_a_session_footprint():

@@ -41,3 +41,32 @@ def test_footprint_sums_warm_sessions_and_forgets_old_ones():
     assert fp.tokens_of("b") == 0 and fp.tokens_of(None) == 0
     fp.touch("c", 10, now=30.0)
     assert fp.warm_tokens == 10 and fp.clock == 30.0
+
+
+def test_displaced_pushes_out_whole_sessions_oldest_first_each_capped():
+    fp = SessionFootprint(horizon_s=100.0)
+    fp.touch("old", 3000, now=0.0)
+    fp.touch("mid", 50_000, now=1.0)
+    fp.touch("me", 9000, now=2.0)
+    fp.touch("new", 1000, now=3.0)
+    fp.others_tokens("me", 3.0)
+    assert fp.displaced("me", 0) == 0
+    assert fp.displaced("me", 2000) == 3000  # "old" goes whole
+    assert fp.displaced("me", 3001) == 53_000  # then "mid"
+    assert fp.displaced("me", 3001, cap=10_000) == 13_000  # each one at most the cap
+    assert fp.displaced("me", 60_000) == 54_000  # "me" itself is skipped
+    # a session that has moved elsewhere frees its tokens at no charge
+    homes = {"mid": 1, "old": 0}
+    assert fp.displaced("me", 3001, home_of=homes.get, here=0) == 3000
+
+
+def test_live_sessions_counts_recent_others_not_bound_elsewhere():
+    fp = SessionFootprint(horizon_s=300.0)
+    fp.touch("old", 10, now=0.0)
+    fp.touch("a", 10, now=50.0)
+    fp.touch("me", 10, now=55.0)
+    fp.touch("b", 10, now=60.0)
+    assert fp.live_sessions("me", since=40.0) == 2  # a, b ("old" is before since)
+    assert fp.live_sessions(None, since=0.0) == 4
+    assert fp.live_sessions("me", since=40.0, home_of={"a": 1, "b": 0}.get, here=0) == 1
+    assert fp.live_sessions("me", since=61.0) == 0
