@@ -79,7 +79,7 @@ def test_multi_turn_replay_index_matches_the_workers(direction: str, flavor: str
     )  # 96 requests, 3.8k prompt tokens on average, up to 8 turns  # fmt: skip
     assert len({r.session_id for r in trace}) < len(trace)  # later turns extend earlier ones
     args = ["--kv-events"] + (["--kv-events-connect"] if direction == "worker-binds" else [])
-    small = ["--time-scale", "20", "--kv-capacity-tokens", str(48 * 512)]  # evictions
+    small = ["--time-scale", "20", "--kv-capacity-tokens", str(32 * 512)]  # evictions
     with sim_workers(3, [*small, "--flavor", flavor], kv_events=direction) as workers:
         urls = [w.url for w in workers]
         with router(urls, "lmetric", args) as svc:
