@@ -386,7 +386,7 @@ class StateSync:
             self._next_membership = time.monotonic() + MEMBERSHIP_INTERVAL_S
 
     async def _exchange_load(self, client: aioredis.Redis) -> None:
-        """Write ours, read the peers' (those of the last round), one round trip."""
+        """Write ours and read every other member's, in one script call (one round trip)."""
         own = self.load_prefix + self.replica
         mine: dict[bytes, bytes] = {_ALIVE: b"%d" % self._booked}
         for w in self.pool.workers:
