@@ -41,7 +41,7 @@ class HealthChecker:
             reason = f"health probe: {exc or type(exc).__name__}"
         else:
             if 200 <= status < 300:
-                self.pool.record_success(worker)
+                self.pool.record_success(worker, probe=True)
                 return True
             reason = f"health probe: HTTP {status}"
         if not worker.removed:

@@ -56,6 +56,7 @@ class Worker:
     capacity_tokens: int
     capacity_blocks: int
     consecutive_failures: int = 0
+    last_failure_request: bool = False  # the last failure was a real request's, not a probe's
     last_error: str | None = None
     removed: bool = False
     opened_at: float | None = None  # time.monotonic() when the circuit last opened
@@ -222,6 +223,7 @@ class WorkerPool:
         healthy worker.
         """
         worker.consecutive_failures += 1
+        worker.last_failure_request = request
         worker.last_error = reason
         if (
             worker.state.healthy
@@ -240,10 +242,15 @@ class WorkerPool:
         worker.stats.count(worker.stats.circuit, "open")
         log.warning("worker %s is out (circuit open): %s", worker.url, reason)
 
-    def record_success(self, worker: Worker) -> None:
-        """A success: the failure count restarts; an open circuit closes after its time."""
+    def record_success(self, worker: Worker, probe: bool = False) -> None:
+        """A success: the failure count restarts; an open circuit closes after its time.
+
+        A ``probe`` answering while requests fail does not restart the count: a worker whose
+        /health says 200 while its generations fail (a gray failure) would otherwise never
+        reach the threshold between two probes, and would go on taking a share of traffic."""
         if worker.state.healthy:
-            worker.consecutive_failures = 0
+            if not (probe and worker.last_failure_request):
+                worker.consecutive_failures = 0
             return
         if worker.removed:
             return

@@ -51,6 +51,24 @@ def test_a_success_restarts_the_count(clock):
     assert w.healthy and w.stats.circuit == {}
 
 
+def test_a_passing_probe_does_not_hide_failing_requests(clock):
+    """Gray failure: /health answers 200 between requests that fail; the circuit still opens
+    at the threshold. A probe after probe failures does restart the count."""
+    p = pool()
+    w = p.workers[0]
+    for _ in range(2):
+        p.record_failure(w, "HTTP 500", request=True)
+        p.record_success(w, probe=True)
+    assert w.healthy and w.consecutive_failures == 2
+    p.record_failure(w, "HTTP 500", request=True)
+    assert not w.healthy
+    v = p.workers[1]
+    p.record_failure(v, "health probe: timeout")
+    p.record_failure(v, "health probe: timeout")
+    p.record_success(v, probe=True)
+    assert v.healthy and v.consecutive_failures == 0
+
+
 def test_request_failures_never_take_out_the_last_healthy_worker(clock):
     p = pool(circuit_open_s=0)
     a, b, c = p.workers
