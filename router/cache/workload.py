@@ -156,8 +156,7 @@ class SessionFootprint:
         """What placing ``session_id``'s prompt of ``length`` tokens here (``uncached`` of
         them to insert) costs the other warm sessions, in tokens to recompute: 0 while the
         others' warm tokens at ``now`` plus ``length`` fit in ``capacity``, else
-        :meth:`displaced` for the inserted tokens beyond it (inlined: the picker calls this
-        once per worker per pick)."""
+        :meth:`displaced` for the inserted tokens beyond it."""
         warm = self.warm_tokens
         if self._head_seen < now - self.horizon_s:
             warm = self.expire(now)
@@ -170,17 +169,7 @@ class SessionFootprint:
         if over <= 0 or uncached <= 0:
             return 0
         tokens = uncached if uncached < over else over
-        freed = charged = 0
-        for sid, (held, _seen) in sessions.items():
-            if sid == session_id:
-                continue
-            freed += held
-            home = home_of(sid) if home_of is not None else None
-            if home is None or home == here:
-                charged += held if held < cap else cap
-            if freed >= tokens:
-                break
-        return charged
+        return self.displaced(session_id, tokens, cap, home_of, here)
 
     def live_sessions(
         self,
