@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scale_support import need
 
 from router.config import load_settings
-from traces.fleet import HOST, free_port, start_service
+from traces.fleet import HOST, Service, free_port, start_service
 
 
 def serve_cmd(port: int, *extra: str) -> list[str]:
@@ -41,16 +41,21 @@ def pids_behind(url: str, want: int, timeout: float = 20.0) -> set[int]:
     return seen
 
 
-def test_children_share_the_port_restart_when_killed_and_drain_on_sigterm(fake_workers):
+def two_processes(fake_workers) -> Service:
+    """``serve --processes 2`` in front of one fake worker."""
     need("redis-server")
     (worker,) = fake_workers(1)
     port = free_port()
-    service = start_service(
+    return start_service(
         "processes",
         ["serve", "--host", HOST, "--port", str(port), "--worker", worker.url,
          "--processes", "2", "--log-level", "warning"],
         port,
     )  # fmt: skip
+
+
+def test_children_share_the_port_restart_when_killed_and_drain_on_sigterm(fake_workers):
+    service = two_processes(fake_workers)
     try:
         first = pids_behind(service.url, 2)
         assert len(first) == 2 and service.process.pid not in first
@@ -109,15 +114,7 @@ def test_processes_auto_is_the_usable_cores():
 def test_metrics_answer_for_every_process_whichever_one_a_scrape_reaches(fake_workers):
     """Each scrape reaches one child (SO_REUSEPORT) and holds every child's samples, labelled
     by process: the requests counted add up to those sent, on every scrape."""
-    need("redis-server")
-    (worker,) = fake_workers(1)
-    port = free_port()
-    service = start_service(
-        "processes",
-        ["serve", "--host", HOST, "--port", str(port), "--worker", worker.url,
-         "--processes", "2", "--log-level", "warning"],
-        port,
-    )  # fmt: skip
+    service = two_processes(fake_workers)
     try:
         assert len(pids_behind(service.url, 2)) == 2
         body = {"model": "m", "prompt": "hello", "max_tokens": 2}
