@@ -6,13 +6,19 @@ work under any pytest import mode and beside other test directories' conftest fi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import uvicorn
 
 from traces.formats import load_trace
 from traces.record import TraceRequest
+from traces.sim_worker import SimWorkerConfig, create_app
 
 SHARED = Path(__file__).parents[2].parent / "shared" / "traces"
 DATA = Path(__file__).parents[1] / "data"
@@ -41,3 +47,29 @@ def shared() -> Callable[[str], Path]:
 def conversation(shared: Callable[[str], Path]) -> list[TraceRequest]:
     """Mooncake conversation_trace.jsonl, loaded once (tests must not mutate it)."""
     return load_trace(shared("conversation_trace.jsonl"))
+
+
+@contextlib.contextmanager
+def _sim_worker_in_thread(config: SimWorkerConfig) -> Iterator[str]:
+    uv = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning", lifespan="off"))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not uv.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "sim worker did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def sim_worker_in_thread() -> Callable[[SimWorkerConfig], contextlib.AbstractContextManager[str]]:
+    """``with sim_worker_in_thread(config) as url``: a sim worker under uvicorn in a thread
+    of this process, on an ephemeral 127.0.0.1 port, stopped when the block ends."""
+    return _sim_worker_in_thread

@@ -24,10 +24,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from traces.sim_worker import SimWorkerConfig, create_app
+from traces.sim_worker import SimWorkerConfig
 from traces.sim_worker_api import text_token_ids
 from traces.worker_model import WorkerModelConfig
 
@@ -43,23 +42,10 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
+def server(sim_worker_in_thread) -> Iterator[Server]:
     config = SimWorkerConfig(WorkerModelConfig(kv_capacity_tokens=CAPACITY), time_scale=SCALE)
-    uv = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning", lifespan="off"))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "sim worker did not start"
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    with httpx.Client(base_url=url, timeout=10) as client:
+    with sim_worker_in_thread(config) as url, httpx.Client(base_url=url, timeout=10) as client:
         yield Server(url, client)
-    uv.should_exit = True
-    thread.join(10)
-    sock.close()
 
 
 def unique_text(n_bytes: int) -> str:

@@ -9,49 +9,35 @@ the same requests in the same order, then each /metrics page is parsed as the ro
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-import time
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.fleet.worker_truth import WorkerTruth, parse_worker_metrics
-from traces.sim_worker import SimWorkerConfig, create_app
+from traces.sim_worker import SimWorkerConfig
 from traces.worker_model import WorkerModelConfig
 
 SAMPLE = Path(__file__).parents[1] / "router" / "fleet" / "data" / "sglang_metrics.txt"
 CAPACITY = 64 * 512
 
 
-def serve(flavor: str) -> tuple[uvicorn.Server, threading.Thread, socket.socket, str]:
-    config = SimWorkerConfig(
+@pytest.fixture(scope="module")
+def urls(sim_worker_in_thread) -> Iterator[dict[str, str]]:
+    with contextlib.ExitStack() as stack:
+        yield {
+            flavor: stack.enter_context(sim_worker_in_thread(config(flavor)))
+            for flavor in ("vllm", "sglang")
+        }
+
+
+def config(flavor: str) -> SimWorkerConfig:
+    return SimWorkerConfig(
         WorkerModelConfig(kv_capacity_tokens=CAPACITY), time_scale=50.0, flavor=flavor
     )
-    uv = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning", lifespan="off"))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "sim worker did not start"
-        time.sleep(0.01)
-    return uv, thread, sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-@pytest.fixture(scope="module")
-def urls() -> Iterator[dict[str, str]]:
-    started = {flavor: serve(flavor) for flavor in ("vllm", "sglang")}
-    yield {flavor: s[3] for flavor, s in started.items()}
-    for uv, thread, sock, _ in started.values():
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 def ids(seed: int, n: int) -> list[int]:
