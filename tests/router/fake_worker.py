@@ -61,8 +61,9 @@ class _Request:
 
 
 class _Conn(asyncio.Protocol):
-    def __init__(self, worker: FakeWorker) -> None:
+    def __init__(self, worker: FakeWorker, life: int) -> None:
         self.worker = worker
+        self.life = life  # the worker's life (start) that accepted this connection
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -72,6 +73,11 @@ class _Conn(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.life != self.worker._life:
+            # accepted by the kernel before a kill, made here after it: a crashed process
+            # would never answer it (asyncio makes accepted connections in a later task)
+            transport.abort()
+            return
         self.worker._conns.add(self)
         self.worker.accepted += 1
 
@@ -156,6 +162,7 @@ class FakeWorker:
         self.port = 0
         self._conns: set[_Conn] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._life = 0  # bumped by every kill: connections of an earlier life are refused
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=name)
         self._thread.start()
@@ -171,8 +178,9 @@ class FakeWorker:
         """Listen (again) on the same port (an ephemeral one the first time)."""
 
         async def listen() -> None:
+            life = self._life
             self._server = await self._loop.create_server(
-                lambda: _Conn(self), "127.0.0.1", self.port, reuse_address=True, backlog=4096
+                lambda: _Conn(self, life), "127.0.0.1", self.port, reuse_address=True, backlog=4096
             )
             self.port = self._server.sockets[0].getsockname()[1]
 
@@ -183,6 +191,7 @@ class FakeWorker:
         """Stop listening and abort every connection, as a crashed process would."""
 
         async def die() -> None:
+            self._life += 1
             if self._server is not None:
                 self._server.close()
                 self._server = None
