@@ -38,10 +38,12 @@ import asyncio
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from uvicorn.main import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -51,6 +53,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from router.config import Settings
+from router.proxy.accept import Acceptor
 from router.proxy.context import RouterContext
 from router.proxy.errors import error_body
 
@@ -434,11 +437,38 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server that tells the app it is draining as soon as a signal arrives."""
+    """uvicorn's server that accepts every pending connection at once
+    (:mod:`router.proxy.accept`) and tells the app it is draining as soon as a signal
+    arrives."""
 
     def __init__(self, config: uvicorn.Config, app: RouterContext) -> None:
         super().__init__(config)
         self.router_app = app
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup for a TCP listener (or the given ``sockets``), with an
+        :class:`Acceptor` on each socket in place of the loop's server."""
+        config = self.config
+        if config.uds is not None or config.fd is not None:
+            raise ValueError("the router listens on a host and port, or on given sockets")
+        if sockets is None:
+            # binds and logs "Uvicorn running on ...", as uvicorn's startup would (a port
+            # in use: logged, exit status 1), now before the lifespan starts anything
+            sockets = [config.bind_socket()]
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            sys.exit(STARTUP_FAILURE)
+
+        def create_protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        loop = asyncio.get_running_loop()
+        self.servers = [  # type: ignore[assignment]
+            Acceptor(loop, sock, create_protocol, config.backlog) for sock in sockets
+        ]
+        self.started = True
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self.router_app.draining:
