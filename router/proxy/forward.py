@@ -23,7 +23,7 @@ For each request:
 Client disconnects: after the body is read, a disconnect before the response is complete
 cancels the handler, whose ``finally`` blocks close the upstream socket (the worker aborts the
 generation) and release the booking. Under the router's own server the connection calls back
-(:func:`router.proxy.server.disconnect_hook`: no task per request); under any other ASGI
+(:func:`router.proxy.server.client_channel`: no task per request); under any other ASGI
 server a watcher task waits on ``receive()`` for ``http.disconnect``.
 
 Admission: at most ``max_inflight`` requests are handled at once (counted from arrival to
@@ -43,7 +43,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import orjson
 
@@ -66,7 +68,7 @@ from router.proxy.errors import (
 )
 from router.proxy.metrics import RouterMetrics
 from router.proxy.parse import CHAT, COMPLETION, ParsedRequest, parse_request
-from router.proxy.server import disconnect_hook
+from router.proxy.server import client_channel
 from router.proxy.tokenize import Tokenizer, request_features
 from router.proxy.usage import StreamScanner, Usage, scan_body
 
@@ -88,6 +90,9 @@ HOP_BY_HOP = frozenset(
 )
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 MAX_SCANNED_BODY = 4 << 20  # non-streamed bodies longer than this are not scanned for usage
+
+# (status, headers, first body piece, more_body): starts the client's response
+Respond = Callable[[int, list[tuple[bytes, bytes]], bytes, bool], Awaitable[None]]
 
 
 class ClientGone(Exception):
@@ -185,16 +190,19 @@ class Forwarder:
             self._unrouted("500")
             await send_error(send, RouterError("internal error in the router"))
             return
-        ex.task = asyncio.current_task()
-        hook = disconnect_hook(send)
+        channel = client_channel(send)
         watcher = None
-        if hook is not None:
-            hook(ex.client_left)
+        if channel is not None:
+            ex.task = channel.task or asyncio.current_task()
+            channel.on_disconnect(ex.client_left)
+            respond = channel.respond
         else:
+            ex.task = asyncio.current_task()
             watcher = asyncio.get_running_loop().create_task(self._watch(receive, ex))
+            respond = partial(asgi_respond, send)
         try:
             try:
-                await self._proxy(ex, send)
+                await self._attempts(ex, send, respond)
             except RouterError as error:
                 if not ex.tried:
                     self._unrouted(str(error.status))
@@ -211,8 +219,8 @@ class Forwarder:
             ex.task.uncancel()  # our own cancellation (client gone): the request is over
         finally:
             ex.finished = True  # from here on a disconnect must not cancel this task
-            if hook is not None:
-                hook(None)
+            if channel is not None:
+                channel.on_disconnect(None)
             elif not watcher.done():
                 watcher.cancel()
             self.metrics.duration(endpoint).observe(time.perf_counter() - start)
@@ -286,12 +294,6 @@ class Forwarder:
 
     # ---- attempts ------------------------------------------------------------------------
 
-    async def _proxy(self, ex: Exchange, send) -> None:
-        try:
-            await self._attempts(ex, send)
-        finally:
-            self._settle(ex)
-
     def _settle(self, ex: Exchange) -> None:
         """Count the held failures against the workers' circuits, unless the request failed
         alike on several workers and succeeded nowhere (then it is suspect, not them)."""
@@ -305,30 +307,36 @@ class Forwarder:
         for worker, reason in failures:
             self.pool.record_failure(worker, reason, request=True)
 
-    async def _attempts(self, ex: Exchange, send) -> None:
+    async def _attempts(self, ex: Exchange, send, respond: Respond) -> None:
+        """Pick, book and try workers until one answers (``max_attempts``); the held
+        failures are settled however it ends."""
         attempts = self.settings.max_attempts
         last_error: RouterError | None = None
         retries = self.pool.stats.retries
-        for attempt in range(attempts):
-            t0 = time.perf_counter()
-            try:
-                worker, pick = self.pool.pick(ex.features, ex.tried)
-            except NoHealthyWorker:
-                raise last_error or NoHealthyWorkerError("no healthy worker") from None
-            self.metrics.pick.observe(time.perf_counter() - t0)
-            decisions = self.pool.stats.decisions
-            decisions[pick.branch] = decisions.get(pick.branch, 0) + 1
-            if last_error is not None:  # this is a retry, and why
-                retries[last_error.code] = retries.get(last_error.code, 0) + 1
-            ex.tried.append(worker)
-            error = await self._attempt(ex, worker, pick, send, attempt == attempts - 1)
-            if error is None:
-                return
-            last_error = error
-        raise last_error  # type: ignore[misc]
+        try:
+            for attempt in range(attempts):
+                t0 = time.perf_counter()
+                try:
+                    worker, pick = self.pool.pick(ex.features, ex.tried)
+                except NoHealthyWorker:
+                    raise last_error or NoHealthyWorkerError("no healthy worker") from None
+                self.metrics.pick.observe(time.perf_counter() - t0)
+                decisions = self.pool.stats.decisions
+                decisions[pick.branch] = decisions.get(pick.branch, 0) + 1
+                if last_error is not None:  # this is a retry, and why
+                    retries[last_error.code] = retries.get(last_error.code, 0) + 1
+                ex.tried.append(worker)
+                final = attempt == attempts - 1
+                error = await self._attempt(ex, worker, pick, send, respond, final)
+                if error is None:
+                    return
+                last_error = error
+            raise last_error  # type: ignore[misc]
+        finally:
+            self._settle(ex)
 
     async def _attempt(
-        self, ex: Exchange, worker: Worker, pick, send, final: bool
+        self, ex: Exchange, worker: Worker, pick, send, respond: Respond, final: bool
     ) -> RouterError | None:
         """One try on ``worker``; a RouterError to retry, None when the client was answered."""
         stats = worker.stats
@@ -396,10 +404,9 @@ class Forwarder:
                 kept.append(data)
             status_label = str(status)
             ex.started = True
-            await send({"type": "http.response.start", "status": status, "headers": headers})
             if not more:
                 ex.responded = True
-            await send({"type": "http.response.body", "body": data, "more_body": more})
+            await respond(status, headers, data, more)
             size = len(data)
             while more:
                 data, more = await conn.read(self.read_timeout)
@@ -484,6 +491,15 @@ class Forwarder:
         if self.worker_header:
             headers.append((b"x-cache-router-worker", worker.url.encode()))
         return headers
+
+
+async def asgi_respond(
+    send, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more_body: bool
+) -> None:
+    """Start the response and send its first body piece, as two ASGI messages (what
+    :meth:`router.proxy.server.RouterCycle.respond` does in one write under our server)."""
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": more_body})
 
 
 def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -18,11 +18,12 @@ proxy in front of a GPU fleet needs and uvicorn does not do (with httptools) on 
   ``limit_concurrency`` answers a text/plain 503 without Retry-After, so it is not used).
 - **malformed HTTP** gets a JSON 400 (the OpenAI error envelope) instead of uvicorn's text.
 
-Each request runs in a :class:`RouterCycle`, uvicorn's request cycle with two savings on the
-hot path: the response head is held until the first body piece and both go out in one
-``write`` (one syscall a response fewer; a head with no body following in the same loop
-iteration goes out on the next one), and a handler can ask to be called back when the client
-disconnects (:func:`disconnect_hook`) instead of keeping a task blocked on ``receive()``.
+Each request runs in a :class:`RouterCycle`, uvicorn's request cycle with savings on the hot
+path: the response head is held until the first body piece and both go out in one ``write``
+(one syscall a response fewer; a head with no body following in the same loop iteration goes
+out on the next one), the forwarder can start its response with one call
+(:meth:`RouterCycle.respond`), and a handler can ask to be called back when the client
+disconnects instead of keeping a task blocked on ``receive()`` (:func:`client_channel`).
 
 :class:`Server` marks the app as draining when SIGTERM / SIGINT arrives (new requests on
 kept-alive connections get 503 + ``Connection: close``; ``/health`` answers 503), then
@@ -78,16 +79,20 @@ MALFORMED = 400, b"Bad Request", "malformed_http"
 
 
 class RouterCycle(RequestResponseCycle):
-    """uvicorn's request cycle: head and first body piece in one write; a disconnect callback.
+    """uvicorn's request cycle: head and first body piece in one write; a disconnect callback;
+    the task that runs it.
 
     uvicorn creates plain cycles; :class:`RouterProtocol` turns each into this class before
     its task starts (same attributes, methods added). The head is built as uvicorn builds it
     (same checks, same framing); anything unusual (HEAD, access log, paused writes, default
-    headers) takes uvicorn's own path.
+    headers) takes uvicorn's own path. The forwarder finds the cycle behind its ASGI ``send``
+    (:func:`client_channel`) and uses :meth:`on_disconnect`, :meth:`respond` and ``task``
+    directly.
     """
 
     _head: bytes | None = None  # the response head, held until the first body piece
     _on_disconnect: Callable[[], None] | None = None
+    task: asyncio.Task | None = None  # the task running the app for this request
 
     @property  # type: ignore[override]
     def disconnected(self) -> bool:
@@ -111,6 +116,22 @@ class RouterCycle(RequestResponseCycle):
             callback()
         else:
             self._on_disconnect = callback
+
+    async def receive(self) -> Any:
+        # a body that is already whole (nearly every request body: it came with the
+        # headers) is handed over without uvicorn's wait on the message event
+        if (
+            not self.more_body
+            and self.message_event.is_set()
+            and not self.waiting_for_100_continue
+            and not self.disconnected
+            and not self.response_complete
+        ):
+            self.flow.resume_reading()  # as uvicorn's receive: a client that leaves is seen
+            self.message_event.clear()
+            body, self.body = self.body, bytearray()
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+        return await super().receive()
 
     async def send(self, message: Any) -> None:
         kind = message["type"]
@@ -137,10 +158,33 @@ class RouterCycle(RequestResponseCycle):
                 await super().send(message)
                 return
         self._head = None
-        if self.disconnected:
+        if not self.disconnected:
+            self._write_first(head, message.get("body", b""), message.get("more_body", False))
+
+    async def respond(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more_body: bool
+    ) -> None:
+        """Start the response and send its first body piece: one write, no ASGI messages.
+
+        For the forwarder, whose headers come from a worker's response that llhttp parsed
+        (no CR, LF or invalid name bytes can be in them) plus its own: they are not
+        checked again. The unusual cases take :meth:`send`'s path.
+        """
+        if (
+            self.response_started
+            or self.disconnected
+            or self.flow.write_paused
+            or self.access_log
+            or self.default_headers
+            or self.scope["method"] == "HEAD"
+        ):
+            await self.send({"type": "http.response.start", "status": status, "headers": headers})
+            await self.send({"type": "http.response.body", "body": body, "more_body": more_body})
             return
-        body = message.get("body", b"")
-        more_body = message.get("more_body", False)
+        self._write_first(self._build_head(status, headers, check=False), body, more_body)
+
+    def _write_first(self, head: bytes, body: bytes, more_body: bool) -> None:
+        """The head and the first body piece in one write; the response ends without more."""
         if self.chunked_encoding:
             data = head + b"%x\r\n%s\r\n" % (len(body), body) if body else head
             if not more_body:
@@ -163,14 +207,20 @@ class RouterCycle(RequestResponseCycle):
     def _hold_head(self, status: int, headers: Any) -> None:
         """uvicorn's head for this response, kept until the first body piece (or the next
         loop iteration)."""
+        self._head = self._build_head(status, headers, check=True)
+        asyncio.get_running_loop().call_soon(self._flush_head)
+
+    def _build_head(self, status: int, headers: Any, check: bool) -> bytes:
+        """uvicorn's response head (same checks when ``check``, same framing); the response
+        has started."""
         self.response_started = True
         self.waiting_for_100_continue = False
         content = [STATUS_LINE[status]]
         has_connection_close = False
         for name, value in headers:
-            if HEADER_RE.search(name):
+            if check and HEADER_RE.search(name):
                 raise RuntimeError("Invalid HTTP header name.")
-            if HEADER_VALUE_RE.search(value):
+            if check and HEADER_VALUE_RE.search(value):
                 raise RuntimeError("Invalid HTTP header value.")
             name = name.lower()
             if name == b"content-length" and self.chunked_encoding is None:
@@ -191,8 +241,7 @@ class RouterCycle(RequestResponseCycle):
             self.chunked_encoding = True
             content.append(b"transfer-encoding: chunked\r\n")
         content.append(b"\r\n")
-        self._head = b"".join(content)
-        asyncio.get_running_loop().call_soon(self._flush_head)
+        return b"".join(content)
 
     def _flush_head(self) -> None:
         """A head whose body did not follow at once goes out alone."""
@@ -203,10 +252,10 @@ class RouterCycle(RequestResponseCycle):
                 self.transport.write(head)
 
 
-def disconnect_hook(send: Any) -> Callable[[Callable[[], None] | None], None] | None:
-    """The ``on_disconnect`` of the cycle behind an ASGI ``send``; None under another server."""
+def client_channel(send: Any) -> RouterCycle | None:
+    """The cycle behind an ASGI ``send``; None under another server."""
     cycle = getattr(send, "__self__", None)
-    return cycle.on_disconnect if isinstance(cycle, RouterCycle) else None
+    return cycle if isinstance(cycle, RouterCycle) else None
 
 
 def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
@@ -266,7 +315,13 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             cycle.__class__ = RouterCycle
             self._running = cycle
-            super()._start_asgi_task(cycle, app)
+            if self.config.reset_contextvars:  # uvicorn's opt-in context workaround
+                super()._start_asgi_task(cycle, app)
+                return
+            # uvicorn's, keeping the task on the cycle (no current_task() per request)
+            task = cycle.task = self.loop.create_task(cycle.run_asgi(app))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
 
         def _disconnect_running(self) -> None:
             running = self._running

@@ -10,7 +10,7 @@ from typing import Any
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from router.proxy.server import RouterCycle, disconnect_hook
+from router.proxy.server import RouterCycle, client_channel
 
 
 class Transport:
@@ -126,22 +126,58 @@ async def test_nothing_is_written_after_a_disconnect():
 async def test_the_disconnect_callback_fires_once_and_can_be_withdrawn():
     c, _, _ = cycle()
     calls: list[str] = []
-    hook = disconnect_hook(c.send)
-    assert hook is not None
-    hook(lambda: calls.append("a"))
+    channel = client_channel(c.send)
+    assert channel is c
+    channel.on_disconnect(lambda: calls.append("a"))
     c.disconnected = True
     c.disconnected = True
     assert calls == ["a"]
-    hook(lambda: calls.append("late"))  # already gone: called at once
+    channel.on_disconnect(lambda: calls.append("late"))  # already gone: called at once
     assert calls == ["a", "late"]
     d, _, _ = cycle()
-    disconnect_hook(d.send)(lambda: calls.append("withdrawn"))  # type: ignore[misc]
-    disconnect_hook(d.send)(None)  # type: ignore[misc]
+    d.on_disconnect(lambda: calls.append("withdrawn"))
+    d.on_disconnect(None)
     d.disconnected = True
     assert calls == ["a", "late"]
 
 
-def test_other_servers_have_no_hook():
+def test_other_servers_have_no_channel():
     async def send(message: Any) -> None: ...
 
-    assert disconnect_hook(send) is None
+    assert client_channel(send) is None
+
+
+async def test_respond_writes_head_and_first_piece_at_once_without_a_later_flush():
+    c, transport, done = cycle()
+    await c.respond(
+        200, [(b"content-length", b"2"), (b"x-cache-router-worker", b"w")], b"ok", False
+    )
+    assert transport.writes == [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-cache-router-worker: w\r\n\r\nok"
+    ]
+    assert c.response_complete and done == [True]
+    await asyncio.sleep(0)
+    assert len(transport.writes) == 1
+
+
+async def test_respond_starts_a_stream_that_send_continues():
+    c, transport, done = cycle()
+    await c.respond(200, [(b"content-type", b"text/event-stream")], b"data: 1\n\n", True)
+    await c.send(body(b""))
+    assert transport.writes == [
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n",
+        b"0\r\n\r\n",
+    ]
+    assert done == [True]
+
+
+async def test_respond_takes_the_checked_path_for_a_head_request_and_after_a_disconnect():
+    c, transport, _ = cycle(method="HEAD")
+    await c.respond(200, [(b"content-length", b"2")], b"ok", False)
+    assert transport.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"]
+    d, transport, _ = cycle()
+    d.disconnected = True
+    await d.respond(200, [(b"content-length", b"2")], b"ok", False)
+    await asyncio.sleep(0)
+    assert transport.writes == []
