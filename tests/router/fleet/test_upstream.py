@@ -183,3 +183,22 @@ async def test_the_read_timeout_counts_from_each_wait(fake_workers):
     with pytest.raises(ReadTimeout):
         await pool.request(b"POST", b"/v1/completions", JSON + b"x-fake-hang: 1\r\n", body(), 0.3)
     pool.close()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"x-a: one\r\n two", b"x-b: a\rb", b"x b: a", b"x-c: a\x00b"],
+    ids=["folded", "bare-cr", "space-in-name", "nul"],
+)
+async def test_a_header_that_could_split_the_client_response_is_refused(header):
+    # the forwarder copies a worker's headers into its own response unchecked
+    # (RouterCycle.respond): that is safe because the parser refuses these
+    async def injecting(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\n" + header + b"\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+
+    server, url = await _serve(injecting)
+    with pytest.raises(ConnectionLost):
+        await UpstreamPool(url).request(b"POST", b"/x", b"", b"", 5)
+    server.close()
