@@ -49,6 +49,7 @@ class Acceptor:
         self.tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
         self.closed = False
         self.accepted = 0
+        self._setting_up: set[asyncio.Task] = set()  # referenced until connection_made
         sock.setblocking(False)
         sock.listen(backlog)  # uvicorn binds; the loop's create_server would listen
         self._fd = sock.fileno()
@@ -73,8 +74,14 @@ class Acceptor:
                 return
             self.accepted += 1
             if self.tcp:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.loop.create_task(self._connect(conn))
+                try:
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:  # already reset by the client
+                    conn.close()
+                    continue
+            task = self.loop.create_task(self._connect(conn))
+            self._setting_up.add(task)
+            task.add_done_callback(self._setting_up.discard)
 
     def _resume(self) -> None:
         if not self.closed:

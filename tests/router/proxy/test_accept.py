@@ -55,6 +55,11 @@ def test_every_pending_connection_is_accepted_in_one_readiness_call() -> None:
         acceptor._ready()  # one readiness event
         assert acceptor.accepted == 50
         await until(lambda: len(made) == 50)
+        nodelay = [
+            p.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            for p in made
+        ]
+        assert all(nodelay)  # as the loop's own servers set it
         acceptor._ready()  # nothing pending: returns at once
         assert acceptor.accepted == 50
         # each accepted socket is a working connection
