@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from functools import partial
 
 import pytest
 import uvloop
@@ -14,7 +15,10 @@ from router.proxy.accept import Acceptor
 
 
 class Made(asyncio.Protocol):
-    made: list[Made]
+    """Records itself in ``made`` once its connection is set up."""
+
+    def __init__(self, made: list[Made]) -> None:
+        self.made = made
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -48,8 +52,9 @@ def run_on_uvloop(test) -> None:
 def test_every_pending_connection_is_accepted_in_one_readiness_call() -> None:
     async def test() -> None:
         made: list[Made] = []
-        Made.made = made
-        acceptor = Acceptor(asyncio.get_running_loop(), listener(), Made, backlog=4096)
+        acceptor = Acceptor(
+            asyncio.get_running_loop(), listener(), partial(Made, made), backlog=4096
+        )
         port = acceptor.sockets[0].getsockname()[1]
         conns = clients(port, 50)  # no await yet: the loop has not polled the listener
         acceptor._ready()  # one readiness event
@@ -78,8 +83,9 @@ def test_every_pending_connection_is_accepted_in_one_readiness_call() -> None:
 def test_a_batch_bounds_one_call_and_the_rest_follow_on_the_next_events() -> None:
     async def test() -> None:
         made: list[Made] = []
-        Made.made = made
-        acceptor = Acceptor(asyncio.get_running_loop(), listener(), Made, backlog=4096, batch=8)
+        acceptor = Acceptor(
+            asyncio.get_running_loop(), listener(), partial(Made, made), backlog=4096, batch=8
+        )
         conns = clients(acceptor.sockets[0].getsockname()[1], 20)
         acceptor._ready()
         assert acceptor.accepted == 8
@@ -110,11 +116,10 @@ def test_an_accept_error_pauses_accepting_then_it_resumes(monkeypatch) -> None:
 
     async def test() -> None:
         made: list[Made] = []
-        Made.made = made
         sock = FailingOnce()
         sock.bind(("127.0.0.1", 0))
         loop = asyncio.get_running_loop()
-        acceptor = Acceptor(loop, sock, Made, backlog=4096)
+        acceptor = Acceptor(loop, sock, partial(Made, made), backlog=4096)
         conn = clients(sock.getsockname()[1], 1)[0]
         start = loop.time()
         await until(lambda: len(made) == 1)
