@@ -108,9 +108,13 @@ def report(name: str, rows: dict[str, dict]) -> None:
 def test_replicas_and_processes_route_like_one_router():
     """Two replicas behind haproxy and ``--processes 2``, each run twice interleaved with one
     router, route like it. The bars (hit rate >= 0.95x, TTFT p90 <= 1.1x) are measured by
-    bench/scale_replay.py (bench/RESULTS.md); on this 2-core machine one router's own runs
-    differ by up to +-10% in hit rate and +-15% in p90, so the test guards at 0.90x and
-    1.3x: still far from what no sharing gives (hit 0.61-0.68x of one router)."""
+    bench/scale_replay.py over 8 runs (bench/RESULTS.md). This guards against losing the
+    sharing, which gives hit 0.60-0.68x of one router. Single replays on this 2-core machine
+    span 0.109-0.148 in hit rate (shared) and 0.127-0.153 (one router), so the ratio of two
+    2-run means has a spread of about 0.065: at 0.90x a configuration that routes like one
+    router failed about 1 run in 10 (a CI run at 15:19 UTC 2026-11-23: shared 0.85x,
+    --processes 0.93x). 0.80x and 1.4x sit about 3 spreads from the measured ratios (0.98x,
+    1.07x), and the hit guard stays above all that no sharing gave."""
     need("redis-server")
     need("haproxy")
     result = scale_replay.measure(reps=2, window_s=WINDOW_S, speedup=SPEEDUP)
@@ -121,8 +125,8 @@ def test_replicas_and_processes_route_like_one_router():
         got = summary[name]
         assert got["errors"] == 0 and got["runs"] == 2, name
         assert all(r["requests"] == len(trace()) for r in result["runs"][name]), name
-        assert got["hit_rate"] >= 0.90 * one["hit_rate"], name
-        assert got["ttft_p90"] <= 1.3 * one["ttft_p90"], name
+        assert got["hit_rate"] >= 0.80 * one["hit_rate"], name
+        assert got["ttft_p90"] <= 1.4 * one["ttft_p90"], name
     assert one["errors"] == 0
 
 
