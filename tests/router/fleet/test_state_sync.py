@@ -131,9 +131,15 @@ async def test_a_dead_replicas_load_expires_and_a_new_one_starts_warm(redis):
         a.pool.book(wa, req, 0)
         wb = b.pool.get(wa.url)
         await until(lambda: wb.state.num_requests == 1)
-        for task in a._tasks:  # killed: no goodbye, its load hash only expires
+        # killed: its loops end without a goodbye, its load hash only expires. _stopping as
+        # in stop(): a cancel that lands inside redis-py can be swallowed, and this wait
+        # then hung (a clean-clone CI run, 15:31 UTC 2026-11-23)
+        a._stopping = True
+        a._filled.set()
+        for task in a._tasks:
             task.cancel()
-        await asyncio.gather(*a._tasks, return_exceptions=True)
+        _, running = await asyncio.wait(a._tasks, timeout=5)
+        assert not running
         t0 = time.monotonic()
         await until(lambda: wb.state.num_requests == 0, timeout=3.0)
         assert time.monotonic() - t0 <= 0.5 + 0.5  # TTL plus a few load intervals
