@@ -31,7 +31,8 @@ RETRY_AFTER_ERROR_S = 1.0  # asyncio pauses as long after EMFILE and the like
 class Acceptor:
     """Accepts every pending connection of ``sock`` per readiness event (see the module doc).
 
-    Offers what uvicorn reads of the servers it starts: ``sockets`` and ``close()``.
+    Offers what uvicorn uses of the servers it starts: ``sockets``, ``close()`` and
+    ``wait_closed()``.
     """
 
     def __init__(

@@ -133,17 +133,22 @@ class RouterCycle(RequestResponseCycle):
             return {"type": "http.request", "body": bytes(body), "more_body": False}
         return await super().receive()
 
+    def _unusual(self) -> bool:
+        """A response start that takes uvicorn's own path (no held head, no single write):
+        started already, client gone, paused writes, access log, default headers, HEAD."""
+        return bool(
+            self.response_started
+            or self.disconnected
+            or self.flow.write_paused
+            or self.access_log
+            or self.default_headers
+            or self.scope["method"] == "HEAD"
+        )
+
     async def send(self, message: Any) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            if (
-                self.response_started
-                or self.disconnected
-                or self.flow.write_paused
-                or self.access_log
-                or self.default_headers
-                or self.scope["method"] == "HEAD"
-            ):
+            if self._unusual():
                 await super().send(message)
             else:
                 self._hold_head(message["status"], message.get("headers", ()))
@@ -170,14 +175,7 @@ class RouterCycle(RequestResponseCycle):
         (no CR, LF or invalid name bytes can be in them) plus its own: they are not
         checked again. The unusual cases take :meth:`send`'s path.
         """
-        if (
-            self.response_started
-            or self.disconnected
-            or self.flow.write_paused
-            or self.access_log
-            or self.default_headers
-            or self.scope["method"] == "HEAD"
-        ):
+        if self._unusual():
             await self.send({"type": "http.response.start", "status": status, "headers": headers})
             await self.send({"type": "http.response.body", "body": body, "more_body": more_body})
             return
