@@ -158,6 +158,8 @@ class FakeWorker:
         self.completed = 0
         self.cancelled = 0  # responses cut because the client (the proxy) went away
         self.in_flight = 0
+        self.prefilling = 0  # generation requests in their ``delay`` (nothing answered yet)
+        self.streaming = 0  # streams whose head is sent and whose end is not
         self.accepted = 0  # connections accepted (keep-alive reuse shows here)
         self.port = 0
         self._conns: set[_Conn] = set()
@@ -287,7 +289,11 @@ class FakeWorker:
         status = self._knob(req, "status", int)
         delay = self._knob(req, "delay")
         if delay:
-            await asyncio.sleep(delay)
+            self.prefilling += 1
+            try:
+                await asyncio.sleep(delay)
+            finally:
+                self.prefilling -= 1
         if conn.closed:
             self.cancelled += 1
             return
@@ -302,7 +308,11 @@ class FakeWorker:
         report = bool(self._knob(req, "report_cached", int))
         chunks = self._knob(req, "chunks", int)
         if body.get("stream"):
-            await self._stream(conn, req, path, body, prompt_tokens, cached, report, chunks)
+            self.streaming += 1
+            try:
+                await self._stream(conn, req, path, body, prompt_tokens, cached, report, chunks)
+            finally:
+                self.streaming -= 1
         else:
             conn.write(
                 _response(

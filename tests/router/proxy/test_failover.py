@@ -17,28 +17,31 @@ def _describe(router) -> dict[str, dict]:
 
 
 async def test_killed_worker_fails_over_and_comes_back(fake_workers, router_server):
-    # a 0.8 s "prefill", then 8 chunks 0.2 s apart: wide windows, so a loaded machine (CI)
-    # still kills w0 while the second batch waits there and the first one streams
-    w0, w1 = fake_workers(2, delay=0.8, chunks=8, chunk_delay=0.2)
+    # the first batch streams at once (8 chunks 0.4 s apart); the second one sits in a 3 s
+    # "prefill". Both are sent together and the kill waits until every request has reached a
+    # worker and w0 holds some of each: a state, not a clock, so a loaded machine (CI) still
+    # kills w0 with the first batch mid-stream and the second one waiting (windows of ~3 s)
+    w0, w1 = fake_workers(2, chunks=8, chunk_delay=0.02)
     router = router_server(
         workers=[w0.url, w1.url], policy="load_only", picker_params={"tie_break": "multikey"}
     )
 
-    async def batch(n):
+    async def batch(n, headers=None):
         return await asyncio.gather(
-            *(stream(router.port, "/v1/completions", BODY, timeout=15) for _ in range(n))
+            *(
+                stream(router.port, "/v1/completions", BODY, timeout=20, headers=headers)
+                for _ in range(n)
+            )
         )
 
-    streaming = asyncio.ensure_future(batch(20))  # will be mid-stream at the kill
-    await asyncio.sleep(1.0)
-    waiting = asyncio.ensure_future(batch(20))  # still in the worker's 0.8 s "prefill"
-    # both batches are spread over both workers: wait (briefly, bounded) until the second one
-    # has reached w0, well inside its 0.8 s "prefill" and the first one's 1.6 s of streaming
-    for _ in range(60):
-        if w0.in_flight >= 15:
-            break
-        await asyncio.sleep(0.01)
-    assert w0.in_flight >= 15
+    streaming = asyncio.ensure_future(batch(20, {"x-fake-chunk-delay": "0.4"}))
+    waiting = asyncio.ensure_future(batch(20, {"x-fake-delay": "3"}))
+
+    def both_held() -> bool:
+        arrived = w0.in_flight + w1.in_flight == 40
+        return arrived and w0.streaming > 0 and w0.prefilling > 0
+
+    assert await asyncio.to_thread(wait_until, both_held, 10, 0.005)
     w0.kill()
     streamed, waited = await streaming, await waiting
 
