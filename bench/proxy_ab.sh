@@ -11,6 +11,8 @@
 # A variant is name:source (a checkout put first on PYTHONPATH, run with this venv's
 # cache-router) or name:sglang (sglang-router cache_aware from $W/venv). Needs wrk, bodies
 # from make_bodies.py in $W/bodies, uvloop in $W/wvenv (see bench/proxy_peer.sh).
+# EXTRA: router flags for every cache-router variant; EXTRA_<name>: for that variant only
+# (e.g. VARIANTS="ttft:$PWD rr:$PWD" EXTRA_rr="--policy round_robin").
 # Results: $OUT/res.tsv (one line per run and cell).
 set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -45,8 +47,9 @@ for v in $VARIANTS; do
       --prometheus-host 127.0.0.1 --prometheus-port $((port + 50)) --log-level warn \
       --worker-urls http://127.0.0.1:19001 http://127.0.0.1:19002 --policy cache_aware > "$OUT/r_$name.log" 2>&1 &
   else
+    own="EXTRA_$name"
     PYTHONPATH=$src taskset -c $CORE_ROUTER $BIN serve --port $port \
-      --worker http://127.0.0.1:19001 http://127.0.0.1:19002 --log-level warning $EXTRA > "$OUT/r_$name.log" 2>&1 &
+      --worker http://127.0.0.1:19001 http://127.0.0.1:19002 --log-level warning $EXTRA ${!own:-} > "$OUT/r_$name.log" 2>&1 &
   fi
   RPID[$name]=$!; RP[$name]=$port; PIDS+=($!)
 done

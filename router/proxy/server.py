@@ -42,7 +42,9 @@ import socket
 import sys
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
+import httptools
 import uvicorn
 from uvicorn.main import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import (
@@ -73,6 +75,8 @@ def _response(status: int, reason: bytes, message: str, type_: str, code: str) -
     )
 
 
+_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
+
 HEADERS_TOO_LARGE = 431, b"Request Header Fields Too Large", "header_too_large"
 READ_TIMEOUT = 408, b"Request Timeout", "read_timeout"
 MALFORMED = 400, b"Bad Request", "malformed_http"
@@ -82,9 +86,10 @@ class RouterCycle(RequestResponseCycle):
     """uvicorn's request cycle: head and first body piece in one write; a disconnect callback;
     the task that runs it.
 
-    uvicorn creates plain cycles; :class:`RouterProtocol` turns each into this class before
-    its task starts (same attributes, methods added). The head is built as uvicorn builds it
-    (same checks, same framing); anything unusual (HEAD, access log, paused writes, default
+    :class:`RouterProtocol` makes each one directly (uvicorn's request start inlined for the
+    plain case, in place of uvicorn's cycle re-classed: see bench/RESULTS.md for what it
+    saves); the ones uvicorn still makes are adopted. The head is built as uvicorn builds
+    it (same checks, same framing); anything unusual (HEAD, access log, paused writes, default
     headers) takes uvicorn's own path. The forwarder finds the cycle behind its ASGI ``send``
     (:func:`client_channel`) and uses :meth:`on_disconnect`, :meth:`respond` and ``task``
     directly.
@@ -94,13 +99,43 @@ class RouterCycle(RequestResponseCycle):
     _on_disconnect: Callable[[], None] | None = None
     task: asyncio.Task | None = None  # the task running the app for this request
 
+    def __init__(self, protocol: HttpToolsProtocol, scope: Any, keep_alive: bool) -> None:
+        """uvicorn's cycle for ``protocol``'s current request, made directly (the same
+        state as uvicorn's constructor gives)."""
+        self.scope = scope
+        self.transport = protocol.transport
+        self.flow = protocol.flow
+        self.logger = protocol.logger
+        self.access_logger = protocol.access_logger
+        self.access_log = protocol.access_log
+        self.default_headers = protocol.server_state.default_headers
+        self.message_event = asyncio.Event()
+        self.on_response = protocol.on_response_complete
+        self._disconnected = False
+        self.keep_alive = keep_alive
+        self.waiting_for_100_continue = protocol.expect_100_continue
+        self.body = bytearray()
+        self.more_body = True
+        self.response_started = False
+        self.response_complete = False
+        self.chunked_encoding = None
+        self.expected_content_length = 0
+
+    @classmethod
+    def adopt(cls, cycle: RequestResponseCycle) -> RouterCycle:
+        """A cycle uvicorn made (its path for upgrades and a concurrency limit), turned
+        into this class in place."""
+        cycle.__class__ = cls
+        cycle._disconnected = cycle.__dict__.pop("disconnected", False)  # type: ignore[attr-defined]
+        return cycle  # type: ignore[return-value]
+
     @property  # type: ignore[override]
     def disconnected(self) -> bool:
-        return self.__dict__.get("disconnected", False)
+        return self._disconnected
 
     @disconnected.setter
     def disconnected(self, value: bool) -> None:
-        self.__dict__["disconnected"] = value
+        self._disconnected = value
         callback = self._on_disconnect
         if value and callback is not None:
             self._on_disconnect = None
@@ -311,7 +346,8 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             super().connection_lost(exc)
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-            cycle.__class__ = RouterCycle
+            if cycle.__class__ is not RouterCycle:  # one uvicorn made (its unusual path)
+                RouterCycle.adopt(cycle)
             self._running = cycle
             if self.config.reset_contextvars:  # uvicorn's opt-in context workaround
                 super()._start_asgi_task(cycle, app)
@@ -376,9 +412,42 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             self._boundaries += 1
             if self._over_limit:
                 self.scope[OVERLOADED_SCOPE_KEY] = True  # type: ignore[literal-required]
-            super().on_headers_complete()
+            if self.parser.should_upgrade() or self.limit_concurrency is not None:
+                super().on_headers_complete()
+            else:
+                self._start_cycle()
             if self.pipeline:  # queued behind a running request: read later, not timed
                 self._disarm()
+
+        def _start_cycle(self) -> None:
+            """uvicorn's on_headers_complete for a plain request (no upgrade, no concurrency
+            limit): the same scope, a RouterCycle made directly from the connection's
+            constant part."""
+            parser = self.parser
+            scope = self.scope
+            method = parser.get_method()
+            scope["method"] = _METHODS.get(method) or method.decode("ascii")
+            version = parser.get_http_version()
+            if version != "1.1":
+                scope["http_version"] = version
+            url = httptools.parse_url(self.url)
+            raw_path = url.path
+            path = raw_path.decode("ascii")
+            if "%" in path:
+                path = unquote(path)
+            root = self.root_path
+            scope["path"] = root + path if root else path
+            scope["raw_path"] = root.encode("ascii") + raw_path if root else raw_path
+            scope["query_string"] = url.query or b""
+            keep_alive = version != "1.0" and parser.should_keep_alive()
+            cycle = RouterCycle(self, scope, keep_alive)
+            existing = self.cycle
+            self.cycle = cycle
+            if existing is None or existing.response_complete:
+                self._start_asgi_task(cycle, self.app)
+            else:  # pipelined: queued behind the running one
+                self.flow.pause_reading()
+                self.pipeline.appendleft((cycle, self.app))
 
         def on_body(self, body: bytes) -> None:
             if not self._rejected:

@@ -208,3 +208,24 @@ async def test_one_timer_keeps_the_read_and_keep_alive_timeouts(fake_workers, ro
         writer.close()
     assert rejected(router).get("read_timeout", 0) == 0
     assert len(worker.requests) == 6
+
+
+async def test_the_request_line_reaches_the_worker_as_sent(fake_workers, router_server):
+    # RouterProtocol starts plain requests itself (uvicorn's request start, inlined): the
+    # path, its query and the HTTP version must come out as uvicorn gives them
+    (worker,) = fake_workers(1)
+    router = router_server(workers=[worker.url])
+    query = await raw_exchange(router.port, post("/v1/completions?api-version=2%202&x=1"))
+    assert query.status == 200
+    assert worker.requests[-1]["path"] == "/v1/completions"
+    assert worker.requests[-1]["query"] == "api-version=2%202&x=1"
+    # an escaped path is routed by its unescaped form and forwarded as sent
+    escaped = await raw_exchange(router.port, post("/v1/%63ompletions"))
+    assert header(escaped.head, b"x-cache-router-worker") == worker.url.encode()
+    assert worker.requests[-1]["path"] == "/v1/%63ompletions" and len(worker.requests) == 2
+    # HTTP/1.0: answered, then the connection closes (no keep-alive asked)
+    old = post().replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+    answer = await raw_exchange(router.port, old, read_until_close=True)
+    assert answer.status == 200 and answer.closed and len(worker.requests) == 3
+    unknown = await raw_exchange(router.port, b"GET /nothing-here HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert unknown.status == 404

@@ -50,8 +50,7 @@ def cycle(method: str = "POST", keep_alive: bool = True) -> tuple[RouterCycle, T
         keep_alive=keep_alive,
         on_response=lambda: done.append(True),
     )
-    plain.__class__ = RouterCycle  # as RouterProtocol does
-    return plain, transport, done  # type: ignore[return-value]
+    return RouterCycle.adopt(plain), transport, done
 
 
 def start(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
