@@ -47,6 +47,7 @@ from urllib.parse import unquote
 import httptools
 import uvicorn
 from uvicorn.main import STARTUP_FAILURE
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -321,6 +322,7 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             self._timer: asyncio.TimerHandle | None = None
             self._timer_at = 0.0
             self._rejected = False
+            self._uvicorns_path = False  # the current request is uvicorn's (upgrade, limit)
             self._over_limit = False
             self._counted = False
             # uvicorn points self.cycle at the newest request; with pipelining the one whose
@@ -381,7 +383,22 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
         # ---- parser callbacks --------------------------------------------------------
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
+            # uvicorn's, inlined (called per request)
+            self.url = b""
+            self.expect_100_continue = False
+            self.headers = headers = []
+            self.scope = {  # type: ignore[typeddict-item]
+                "type": "http",
+                "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+                "http_version": "1.1",
+                "server": self.server,
+                "client": self.client,
+                "scheme": self.scheme,
+                "root_path": self.root_path,
+                "headers": headers,
+                "state": self.app_state.copy(),
+            }
+            self._uvicorns_path = False
             self._awaiting_head = True
             self._head_size = 0
             if not self._reading:
@@ -413,6 +430,7 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             if self._over_limit:
                 self.scope[OVERLOADED_SCOPE_KEY] = True  # type: ignore[literal-required]
             if self.parser.should_upgrade() or self.limit_concurrency is not None:
+                self._uvicorns_path = True  # uvicorn's own path, to the end of this message
                 super().on_headers_complete()
             else:
                 self._start_cycle()
@@ -450,16 +468,32 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
                 self.pipeline.appendleft((cycle, self.app))
 
         def on_body(self, body: bytes) -> None:
-            if not self._rejected:
+            if self._rejected:
+                return
+            if self._uvicorns_path:
                 super().on_body(body)
+                return
+            cycle = self.cycle  # uvicorn's on_body for a plain request, inlined
+            if not cycle.response_complete:
+                cycle.body += body
+                if len(cycle.body) > HIGH_WATER_LIMIT:
+                    self.flow.pause_reading()
+                cycle.message_event.set()
 
         def on_message_complete(self) -> None:
             self._boundaries += 1
             self._disarm()
             self._awaiting_head = True
             self._head_bytes = 0
-            if not self._rejected:
+            if self._rejected:
+                return
+            if self._uvicorns_path:
                 super().on_message_complete()
+                return
+            cycle = self.cycle  # uvicorn's on_message_complete for a plain request, inlined
+            if not cycle.response_complete:
+                cycle.more_body = False
+                cycle.message_event.set()
 
         def on_response_complete(self) -> None:
             # uvicorn's, with the keep-alive timeout on the connection's one timer
