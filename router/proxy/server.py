@@ -439,8 +439,8 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
 
         def _start_cycle(self) -> None:
             """uvicorn's on_headers_complete for a plain request (no upgrade, no concurrency
-            limit): the same scope, a RouterCycle made directly from the connection's
-            constant part."""
+            limit): the same scope (tests/router/proxy/test_server_cycle.py compares it with
+            uvicorn's), and a RouterCycle made directly."""
             parser = self.parser
             scope = self.scope
             method = parser.get_method()

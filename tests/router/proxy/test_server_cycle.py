@@ -1,16 +1,20 @@
 """router.proxy.server.RouterCycle: the response head rides with the first body piece (one
-write), a head alone still goes out, and the disconnect callback fires exactly once."""
+write), a head alone still goes out, and the disconnect callback fires exactly once; and the
+scope RouterProtocol builds for plain requests is the one uvicorn builds."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from router.proxy.server import RouterCycle, client_channel
+from router.config import load_settings
+from router.proxy.server import RouterCycle, Server, build_config, client_channel
 
 
 class Transport:
@@ -180,3 +184,84 @@ async def test_respond_takes_the_checked_path_for_a_head_request_and_after_a_dis
     await d.respond(200, [(b"content-length", b"2")], b"ok", False)
     await asyncio.sleep(0)
     assert transport.writes == []
+
+
+class _Stats:
+    connections = 0
+
+    def count_rejected(self, code: str) -> None: ...
+
+
+class _Recorder:
+    """An ASGI app that records each request's scope and answers 200; also the stand-in
+    router context make_protocol reads its limits from."""
+
+    def __init__(self) -> None:
+        self.settings = load_settings(workers=["http://127.0.0.1:9"])
+        self.pool = type("Pool", (), {"stats": _Stats()})()
+        self.draining = False
+        self.scopes: list[dict[str, Any]] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        self.scopes.append(scope)
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _scopes_seen(server_for, requests: list[bytes]) -> list[dict[str, Any]]:
+    """Serve ``requests`` (one connection each) with the server ``server_for(app)`` gives."""
+    app = _Recorder()
+    server = server_for(app)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                await asyncio.sleep(0.01)
+            for raw in requests:
+                reader, writer = await asyncio.open_connection(*sock.getsockname())
+                writer.write(raw)
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"HTTP/1.1 100"):  # expect: 100-continue
+                    head = await reader.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200"), head
+                writer.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+    return [
+        {k: v for k, v in scope.items() if k not in ("client", "server", "state")}
+        for scope in app.scopes
+    ]
+
+
+async def test_plain_requests_get_the_scope_uvicorn_gives():
+    # RouterProtocol inlines uvicorn's request start: a newer uvicorn that changes its own
+    # must fail here, not drift silently
+    requests = [
+        b"POST /v1/completions?x=1&y=%20 HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}",
+        b"GET /v1/%63hat/a%2Fb HTTP/1.1\r\nhost: a\r\nx-Mixed-Case: V\r\n\r\n",
+        b"POST /generate HTTP/1.0\r\ncontent-length: 0\r\n\r\n",
+        b"POST /v1/x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+        b"PATCH / HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\nz",
+    ]
+
+    def ours(app):
+        return Server(build_config(app, app.settings, log_level="warning"), app)
+
+    def uvicorns(app):
+        config = uvicorn.Config(app, http="httptools", lifespan="on", log_level="warning")
+        return uvicorn.Server(config)
+
+    got, expected = await _scopes_seen(ours, requests), await _scopes_seen(uvicorns, requests)
+    assert len(got) == len(requests)
+    assert got == expected
