@@ -1,5 +1,5 @@
 """User-space instructions per request of the router, under callgrind: the figure that holds
-on a shared, noisy machine where req/s and CPU time move by 10-20% from run to run.
+(to 1-2%) on a shared, noisy machine where req/s and CPU time move by 10-20% from run to run.
 
 For each checkout given, the router (``cache-router serve`` with that checkout first on
 PYTHONPATH) runs under ``valgrind --tool=callgrind`` twice, once for ``--small`` and once for
