@@ -76,8 +76,6 @@ def _response(status: int, reason: bytes, message: str, type_: str, code: str) -
     )
 
 
-_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
-
 HEADERS_TOO_LARGE = 431, b"Request Header Fields Too Large", "header_too_large"
 READ_TIMEOUT = 408, b"Request Timeout", "read_timeout"
 MALFORMED = 400, b"Bad Request", "malformed_http"
@@ -443,8 +441,7 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             uvicorn's), and a RouterCycle made directly."""
             parser = self.parser
             scope = self.scope
-            method = parser.get_method()
-            scope["method"] = _METHODS.get(method) or method.decode("ascii")
+            scope["method"] = parser.get_method().decode("ascii")
             version = parser.get_http_version()
             if version != "1.1":
                 scope["http_version"] = version
@@ -453,9 +450,8 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             path = raw_path.decode("ascii")
             if "%" in path:
                 path = unquote(path)
-            root = self.root_path
-            scope["path"] = root + path if root else path
-            scope["raw_path"] = root.encode("ascii") + raw_path if root else raw_path
+            scope["path"] = self.root_path + path
+            scope["raw_path"] = self.root_path.encode("ascii") + raw_path
             scope["query_string"] = url.query or b""
             keep_alive = version != "1.0" and parser.should_keep_alive()
             cycle = RouterCycle(self, scope, keep_alive)
