@@ -24,24 +24,32 @@ BODY = '{"model": "fake-model", "max_tokens": 16, "prompt": "%s request %d of co
 FILLER = "the quick brown fox jumps over the lazy dog " * 45  # about 2 KB
 
 
+async def complete(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes, timeout: float = 30
+) -> bytes:
+    """One completion on a kept-alive connection, its answer read whole (a content-length
+    response); returns the response head."""
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    await asyncio.wait_for(reader.readexactly(length), timeout)
+    return head
+
+
 async def connection(host: str, port: int, cid: int, until: float, t0: float, out: list) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     i = 0
     try:
         while time.perf_counter() < until:
             body = (BODY % (FILLER, i, cid)).encode()
-            head = (
-                b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\n"
-                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
-            )
             start = time.perf_counter()
-            writer.write(head + body)
-            response = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-            length = 0
-            for line in response.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            await asyncio.wait_for(reader.readexactly(length), 30)
+            await complete(reader, writer, body)
             out.append((cid, i, start - t0, (time.perf_counter() - start) * 1000))
             i += 1
     finally:

@@ -30,6 +30,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from connection_burst import complete  # bench/ is the script's own directory on sys.path
+
 HERE = Path(__file__).resolve().parent
 FAKE_WORKER = HERE.parent.parent / "shared" / "bench" / "fake_worker.py"
 PROMPT = "You are a helpful assistant. Summarize the following text. " * 32  # about 2 KB
@@ -48,26 +50,21 @@ async def drive(port: int, requests: int, concurrency: int) -> None:
                     i,
                     PROMPT.encode(),
                 )
-                writer.write(
-                    b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
-                    b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-                )
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
-                if not head.startswith(b"HTTP/1.1 200"):
-                    raise RuntimeError(f"router answered {head[:40]!r}")
-                length = re.search(rb"(?i)content-length: (\d+)", head)
-                if length is None:
-                    raise RuntimeError("expected a content-length response")
-                await asyncio.wait_for(reader.readexactly(int(length.group(1))), 60)
+                head = await complete(reader, writer, body, timeout=60)
+                if not head.startswith(b"HTTP/1.1 200") or b"content-length" not in head.lower():
+                    raise RuntimeError(f"expected a 200 with a content-length: {head[:60]!r}")
         finally:
             writer.close()
 
     await asyncio.gather(*(one_connection() for _ in range(concurrency)))
 
 
-def wait_ready(url: str, timeout_s: float) -> None:
+def wait_ready(url: str, timeout_s: float, process: subprocess.Popen) -> None:
+    """Until ``url`` answers 200; fails at once if ``process`` (the one serving it) exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[:6]} exited with {process.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return
@@ -103,7 +100,7 @@ def instructions(checkout: Path, requests: int, args: argparse.Namespace, worker
             stderr=subprocess.DEVNULL,
         )
         try:
-            wait_ready(f"http://127.0.0.1:{args.port}/health", 300)
+            wait_ready(f"http://127.0.0.1:{args.port}/health", 300, router)
             asyncio.run(drive(args.port, requests, args.concurrency))
         finally:
             router.send_signal(signal.SIGINT)
@@ -137,8 +134,8 @@ def main() -> None:
         for p in args.worker_ports
     ]
     try:
-        for url in workers:
-            wait_ready(url + "/health", 30)
+        for url, fake in zip(workers, fakes, strict=True):
+            wait_ready(url + "/health", 30, fake)
         first = None
         for spec in args.checkout:
             name, _, path = spec.partition("=")
