@@ -14,6 +14,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from router.config import load_settings
+from router.fleet.stats import PoolStats
 from router.proxy.server import RouterCycle, Server, build_config, client_channel
 
 
@@ -186,19 +187,13 @@ async def test_respond_takes_the_checked_path_for_a_head_request_and_after_a_dis
     assert transport.writes == []
 
 
-class _Stats:
-    connections = 0
-
-    def count_rejected(self, code: str) -> None: ...
-
-
 class _Recorder:
     """An ASGI app that records each request's scope and answers 200; also the stand-in
     router context make_protocol reads its limits from."""
 
     def __init__(self) -> None:
         self.settings = load_settings(workers=["http://127.0.0.1:9"])
-        self.pool = type("Pool", (), {"stats": _Stats()})()
+        self.pool = type("Pool", (), {"stats": PoolStats()})()
         self.draining = False
         self.scopes: list[dict[str, Any]] = []
 
