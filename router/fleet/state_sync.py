@@ -186,17 +186,9 @@ class StateSync:
         log.info("state sync: replica %s on %s", self.replica, self.settings.state_prefix)
 
     async def stop(self) -> None:
-        """Stop the loops; a last flush, and this replica's load leaves at once (bounded).
-
-        The loops also check ``_stopping``: a cancellation that lands inside the Redis
-        client can be absorbed there (seen with redis-py 8), and a loop must end anyway."""
-        self._stopping = True
-        self._filled.set()
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=2 * CALL_TIMEOUT_S + READ_BLOCK_MS / 1000)
+        """Stop the loops (:meth:`_end_loops`); a last flush, and this replica's load leaves
+        at once (bounded)."""
+        await self._end_loops()
         client = self._client
         try:
             async with asyncio.timeout(2 * CALL_TIMEOUT_S):
@@ -214,6 +206,21 @@ class StateSync:
                 except (RedisError, OSError, TimeoutError):
                     pass
         self._client = self._reader = None
+
+    async def _end_loops(self) -> set[asyncio.Task]:
+        """Cancel the loops and wait for them (bounded); the ones still running.
+
+        The loops also check ``_stopping``: a cancellation that lands inside the Redis
+        client can be absorbed there (seen with redis-py 8), and a loop must end anyway."""
+        self._stopping = True
+        self._filled.set()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return set()
+        _, running = await asyncio.wait(tasks, timeout=2 * CALL_TIMEOUT_S + READ_BLOCK_MS / 1000)
+        return running
 
     def describe(self) -> dict[str, Any]:
         """The ``/health`` detail."""
