@@ -31,6 +31,8 @@ def main() -> int:
     p.add_argument("--workers", default="8,4")
     p.add_argument("--speedups", default="1,4")
     p.add_argument("--policies", default="ttft,unified")
+    p.add_argument("--pacing", choices=("open", "session"), default="open")
+    p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--kv-delay-ms", type=float, default=50.0)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -42,17 +44,19 @@ def main() -> int:
         trace = load_trace(path)
         for workers in map(int, args.workers.split(",")):
             for speedup in map(float, args.speedups.split(",")):
-                for mode, options in MODES.items():
+                for mode in args.modes.split(","):
+                    options = MODES[mode]
                     for policy in args.policies.split(","):
                         config = SimConfig(
                             workers=workers,
                             speedup=speedup,
+                            pacing=args.pacing,
                             kv_event_delay_s=args.kv_delay_ms / 1000,
                             **options,
                         )
                         s = simulate(trace, make_sim_picker(policy), config).summary()
                         row = dict(trace=name, workers=workers, speedup=speedup, mode=mode,
-                                   policy=policy, **s)  # fmt: skip
+                                   policy=policy, pacing=args.pacing, **s)  # fmt: skip
                         rows.append(row)
                         print(
                             f"| {name} | {workers} | {speedup:g}x | {mode} | {policy} | "

@@ -36,6 +36,9 @@ class TraceRequest:
     prompt: str | None = None
     messages: list | None = None
     request_id: int = 0
+    # the client's pause between the previous turn's answer and this request, where the
+    # format records it (Weka's ``think_time``); session pacing waits it after that answer
+    think_s: float | None = None
 
 
 def finalize(requests: Iterable[TraceRequest]) -> list[TraceRequest]:

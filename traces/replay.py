@@ -1,12 +1,13 @@
-"""``cache-router replay``: a trace, open loop, through a live router (or one worker).
+"""``cache-router replay``: a trace through a live router (or one worker).
 
 Each request is sent at its arrival time (divided by ``--speedup``) whether or not earlier
-ones have finished, streamed, with its session in the session header, so time to first token
-and time per output token are measured at the client as users see them. Prompts are rebuilt
-from the trace's block keys (:mod:`traces.prompts`) so the workers' real caches see the
-trace's prefix reuse. The workers' own ``/metrics`` are read before and after: the hit rate
-reported is theirs (vLLM's prefix-cache counters or SGLang's realtime tokens), not the router's
-estimate.
+ones have finished (open loop), or with ``--pacing session`` also no earlier than its
+session's previous turn's answer plus the recorded think time (:mod:`traces.pacing`). It is
+streamed, with its session in the session header, so time to first token and time per output
+token are measured at the client as users see them. Prompts are rebuilt from the trace's block
+keys (:mod:`traces.prompts`) so the workers' real caches see the trace's prefix reuse. The
+workers' own ``/metrics`` are read before and after: the hit rate reported is theirs (vLLM's
+prefix-cache counters or SGLang's realtime tokens), not the router's estimate.
 
 The report has ``simulate``'s shape (:mod:`traces.report`); ``hit_rate`` is the workers'
 metric, ``reported_hit_rate`` the sum of ``cached_tokens`` in the responses.
@@ -25,6 +26,7 @@ import orjson
 
 from router.fleet.upstream import ConnectFailed, ConnectionLost, UpstreamError, UpstreamPool
 from router.fleet.worker_truth import parse_worker_metrics
+from traces.pacing import Pacing, predecessors, release_time
 from traces.prompts import prompt_text, prompt_token_ids
 from traces.record import TraceRequest
 from traces.simulator import PolicyRun
@@ -38,6 +40,7 @@ WORKER_HEADER = b"x-cache-router-worker"
 class ReplayConfig:
     url: str  # the router (or a worker) base URL
     speedup: float = 1.0
+    pacing: Pacing = "open"  # or "session" (traces/pacing.py)
     prompt_mode: str = "tokens"  # or "text"
     vocab_size: int = 32_000
     salt: int = 0
@@ -61,7 +64,7 @@ class ReplayOutcome:
     workers: list[str]
     worker_hit_rate: float | None  # from the workers' /metrics deltas
     reported_hit_rate: float
-    send_lag: np.ndarray  # seconds each request left after its scheduled time (open loop)
+    send_lag: np.ndarray  # seconds each request left after its scheduled (or release) time
     error_samples: list[str] = field(default_factory=list)
     retried: int = 0  # sends repeated after a connection failure before the first token
     lost_streaming: int = 0  # errors after the first token (a retry would repeat output)
@@ -154,8 +157,14 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
     """Send ``trace`` open loop to ``cfg.url`` and collect per-request outcomes."""
     if cfg.prompt_mode not in ("tokens", "text") or cfg.speedup <= 0:
         raise ValueError("prompt_mode must be tokens or text, speedup > 0")
+    if cfg.pacing not in ("open", "session"):
+        raise ValueError(f"unknown pacing {cfg.pacing!r}")
     n = len(trace)
     arrival = np.array([r.arrival / cfg.speedup for r in trace])
+    # session pacing: a turn waits for its session's previous one to end (any outcome)
+    previous = predecessors(trace) if cfg.pacing == "session" else [-1] * n
+    ended = [asyncio.Event() for _ in range(n)] if cfg.pacing == "session" else []
+    ended_at = np.full(n, np.nan)
     sent = np.full(n, np.nan)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
@@ -176,6 +185,9 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
 
         async def one(i: int, req: TraceRequest) -> None:
             nonlocal done, retried, lost_streaming
+            if previous[i] >= 0:
+                await ended[previous[i]].wait()
+                arrival[i] = release_time(req, cfg.speedup, ended_at[previous[i]])
             delay = start + arrival[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -207,6 +219,9 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
                 errors.append(f"{type(exc).__name__}: {exc}")
                 lost_streaming += not np.isnan(first[i])
             finally:
+                ended_at[i] = time.perf_counter() - start
+                if ended:
+                    ended[i].set()
                 done += 1
                 if cfg.progress and (done % 50 == 0 or done == n):
                     sys.stderr.write(f"\r  {name:<20} {done:>7}/{n} requests")

@@ -19,6 +19,7 @@ from router.cache.worker_state import SHADOW_KINDS
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.formats import load_trace
 from traces.oracle import ORACLE, OraclePicker
+from traces.pacing import PACINGS
 from traces.record import TraceRequest
 from traces.report import markdown_table, results_document, write_plots, write_results
 from traces.simulator import PolicyRun, SimConfig, simulate
@@ -106,6 +107,7 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shadow", choices=SHADOW_KINDS, default="blocks", help="router shadow")
     add_model_options(p, "each worker's KV cache in tokens (the shadows get the same)")
     p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+    add_pacing_option(p)
     p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
     p.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
     p.add_argument("--seed", type=int, default=0, help="seed for random pickers")
@@ -119,6 +121,17 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-event-loss", type=float, default=0.0, help="fraction of batches lost")
 
 
+def add_pacing_option(p: argparse.ArgumentParser) -> None:
+    """``--pacing``, shared by ``simulate``, ``demo``, ``replay`` and ``sweep``."""
+    p.add_argument(
+        "--pacing",
+        choices=PACINGS,
+        default="open",
+        help="open: every request at its arrival; session: a turn is also sent no earlier than "
+        "its session's previous answer plus the recorded think time (traces/pacing.py)",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     if args.workers < 1 or args.speedup <= 0 or args.kv_capacity_tokens < 512:
         raise ValueError("need --workers >= 1, --speedup > 0, --kv-capacity-tokens >= 512")
@@ -128,6 +141,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         worker=worker,
         shadow=args.shadow,
         speedup=args.speedup,
+        pacing=args.pacing,
         kv_events=getattr(args, "kv_events", False),
         kv_event_delay_s=getattr(args, "kv_event_delay_ms", 50.0) / 1000,
         kv_event_loss=getattr(args, "kv_event_loss", 0.0),

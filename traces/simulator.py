@@ -34,6 +34,7 @@ from router.cache.kv_index import KVEventFeed, KVIndex
 from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
 from router.cache.workload import PrefillRate
+from traces.pacing import Pacing, predecessors, release_time
 from traces.record import BLOCK_TOKENS, TraceRequest
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 
@@ -47,6 +48,7 @@ class SimConfig:
     shadow: ShadowKind = "blocks"
     shadow_capacity_tokens: int | None = None  # default: the workers' KV capacity
     speedup: float = 1.0  # divide arrival times by this
+    pacing: Pacing = "open"  # or "session": a turn waits for its previous turn's answer
     samples: int = 400  # points of the per-worker in-flight time series
     kv_events: bool = False  # precise mode: the models' KV events feed the router's index
     kv_event_delay_s: float = 0.05
@@ -166,6 +168,9 @@ def simulate(
         out["finish"][i] = now
         bookings[i].finish()
         bookings[i] = None
+        after = successor[i]
+        if after >= 0:  # session pacing: the session's next turn can now be sent
+            heapq.heappush(arrivals, (release_time(trace[after], config.speedup, now), after))
 
     models = [
         WorkerModel(config.worker, on_first_token, on_finish, events=config.kv_events)
@@ -176,6 +181,21 @@ def simulate(
     truth_views = getattr(picker, "truth_views", None)
     views = truth_views(states, models) if truth_views is not None else states
     wakeups: list[tuple[float, int, int]] = []  # (time, worker, version)
+    # requests due to be sent, (time, index): all of them at their arrival in open loop; in
+    # session pacing a turn enters when its session's previous turn finishes
+    successor = [-1] * n
+    if config.pacing == "session":
+        previous = predecessors(trace)
+        for j, p in enumerate(previous):
+            if p >= 0:
+                successor[p] = j
+        arrivals = [(trace[j].arrival / config.speedup, j) for j in range(n) if previous[j] < 0]
+    elif config.pacing == "open":
+        arrivals = [(trace[j].arrival / config.speedup, j) for j in range(n)]
+    else:
+        raise ValueError(f"unknown pacing {config.pacing!r}")
+    heapq.heapify(arrivals)
+    sent = 0
 
     def schedule(w: int) -> None:
         model = models[w]
@@ -191,9 +211,8 @@ def simulate(
     est_radix = np.full(n, np.nan)
     est_kv = np.full(n, np.nan)
     started = time.perf_counter()
-    i = 0
-    while i < n or wakeups or (events is not None and events.deliveries):
-        arrival = trace[i].arrival / config.speedup if i < n else float("inf")
+    while arrivals or wakeups or (events is not None and events.deliveries):
+        arrival = arrivals[0][0] if arrivals else float("inf")
         if events is not None and events.due(wakeups[0][0] if wakeups else arrival, arrival):
             events.deliver()
             continue
@@ -212,6 +231,7 @@ def simulate(
         while next_sample < len(sample_times) and sample_times[next_sample] <= arrival:
             inflight[next_sample] = [s.num_requests for s in states]
             next_sample += 1
+        _, i = heapq.heappop(arrivals)
         req = trace[i]
         features = RequestFeatures(
             blocks=req.blocks,
@@ -245,9 +265,9 @@ def simulate(
         if views is not states:
             views[pick.worker].queue(sim_req)
         schedule(pick.worker)
-        i += 1
-        if progress and (i % 500 == 0 or i == n):
-            sys.stderr.write(f"\r  {name:<20} {i:>7}/{n} requests")
+        sent += 1
+        if progress and (sent % 500 == 0 or sent == n):
+            sys.stderr.write(f"\r  {name:<20} {sent:>7}/{n} requests")
             sys.stderr.flush()
     if progress:
         sys.stderr.write("\n")

@@ -39,7 +39,7 @@ from traces.formats import load_trace
 from traces.record import TraceRequest
 from traces.replay import ReplayConfig, ReplayOutcome, replay
 from traces.report import markdown_table, results_document, write_plots, write_results
-from traces.simulate import parse_policies, trace_summary
+from traces.simulate import add_pacing_option, parse_policies, trace_summary
 
 SWEEP_POLICIES = "ttft,lmetric,load_only,sticky,unified,capped"
 
@@ -112,6 +112,7 @@ def _replay_config(args: argparse.Namespace, url: str, salt: int, workers=()) ->
     return ReplayConfig(
         url=url,
         speedup=args.speedup,
+        pacing=args.pacing,
         prompt_mode=args.prompt_mode,
         vocab_size=args.vocab_size,
         salt=salt,
@@ -221,6 +222,7 @@ def _sweep_main(args: argparse.Namespace) -> int:
 def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace file or Weka directory")
     p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+    add_pacing_option(p)
     p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
     p.add_argument("--duration", type=float, default=None, help="seconds of (sped-up) trace")
     p.add_argument("--prompt-mode", choices=("tokens", "text"), default="tokens")

@@ -42,6 +42,23 @@ def test_replay_is_open_loop_against_a_slow_worker(slow_worker):
     assert outcome.worker_hit_rate == pytest.approx(outcome.reported_hit_rate, abs=0.02)
 
 
+def test_session_pacing_sends_each_turn_after_its_answer_and_think_time(slow_worker):
+    # two sessions of three turns recorded 50 ms apart; each answer takes about a second
+    trace = [
+        TraceRequest(0.05 * i, f"s{i % 2}", 0, 600, 4, (11, 20 + i), request_id=i, think_s=0.3)
+        for i in range(6)
+    ]
+    cfg = ReplayConfig(url=slow_worker, vocab_size=4096, pacing="session")
+    outcome = asyncio.run(replay(trace, cfg, "paced"))
+    run = outcome.run
+    assert outcome.errors == 0 and run.requests == 6
+    for i in range(2, 6):  # a later turn: sent 0.3 s after its session's previous answer
+        assert run.arrival[i] >= run.finish[i - 2] + 0.3
+        assert run.arrival[i] < run.finish[i - 2] + 0.3 + 0.25
+    assert run.arrival[0] == 0.0 and run.arrival[1] == pytest.approx(0.05)
+    assert outcome.send_lag.max() < 0.25  # lag is counted from the release, not the recording
+
+
 def test_prompts_share_exactly_the_trace_prefix():
     a, b = shared_prefix_trace(2, gap=0.0)
     ta, tb = prompt_token_ids(a, vocab_size=4096), prompt_token_ids(b, vocab_size=4096)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import traces
 from policies.registry import make_picker
 from router.cli import main
 from traces.formats import load_trace
+from traces.pacing import predecessors
 from traces.simulate import run_policies
 from traces.simulator import SimConfig, simulate
 from traces.stats import hit_ceiling
@@ -105,3 +107,25 @@ def test_simulate_rejects_unknown_policy(tmp_path: Path, capsys):
                  "--out", str(tmp_path)])  # fmt: skip
     assert code == 2
     assert "unknown policies" in capsys.readouterr().err
+
+
+def test_session_pacing_sends_a_turn_only_after_its_previous_answer(synthetic):
+    trace = synthetic[:600]
+    slow = SimConfig(workers=1, worker=WorkerModelConfig(prefill_tokens_per_s=3000.0))
+    previous = predecessors(trace)
+    has = np.array([p >= 0 for p in previous])
+    before = np.array([p for p in previous if p >= 0])
+    open_run = simulate(trace, make_picker("lmetric"), slow)
+    # open loop on a fleet that falls behind: turns go out before their previous answer
+    assert (open_run.arrival[has] < open_run.finish[before]).sum() > 50
+    paced = simulate(trace, make_picker("lmetric"), replace(slow, pacing="session"))
+    assert paced.requests == len(trace)
+    assert (paced.arrival[has] >= paced.finish[before]).all()
+    # never before the recorded arrival, and first turns exactly at it
+    recorded = np.array([r.arrival for r in trace])
+    assert (paced.arrival >= recorded - 1e-9).all()
+    assert np.allclose(paced.arrival[~has], recorded[~has])
+    # a fleet that keeps up: session pacing is the open-loop schedule
+    instant = replace(HUGE, prefill_tokens_per_s=1e9, step_overhead_s=1e-6, decode_s_per_seq=0.0)
+    fast = SimConfig(workers=8, worker=instant, pacing="session")
+    assert np.allclose(simulate(trace, make_picker("lmetric"), fast).arrival, recorded)

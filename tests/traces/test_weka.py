@@ -46,6 +46,7 @@ def test_real_file_keys_and_subagent_times(shared: Callable) -> None:
     root = scope_root("trace_0003.json")
     for got, want in zip(sessions["trace_0003"], main, strict=True):
         assert got.arrival == want["t"]
+        assert got.think_s == want["think_time"]  # session pacing's pause after the answer
         assert got.blocks == block_keys(want["hash_ids"], 64, want["in"], root)
         assert len(got.blocks) == min(len(want["hash_ids"]) // 8, want["in"] // 512)
     marker = doc["requests"][1]

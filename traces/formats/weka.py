@@ -17,6 +17,10 @@ Normalization:
   of eight become one 512-token key, chained from a root seeded with the file name
   (:mod:`traces.blocks`); a file with ``hash_id_scope: "global"`` is chained from root 0.
 - All conversations start at t=0, as recorded; a directory loads as all its files at once.
+- ``think_time`` (the client's pause between an answer and its next request, as recorded)
+  becomes ``think_s``: session pacing (:mod:`traces.pacing`) waits it after the previous
+  turn's answer, as the kv-cache-tester's own replay does (it sends a user's next request only
+  after the previous one completed).
 """
 
 from __future__ import annotations
@@ -87,8 +91,14 @@ class _Walker:
                     input_length=length,
                     output_length=int_field(req, "out", where),
                     blocks=keyer(ids, length),
+                    think_s=_think(req, where),
                 )
             )
+
+
+def _think(req: dict, where: str) -> float | None:
+    """The client's pause before this request after the previous answer (``think_time``, s)."""
+    return num_field(req, "think_time", where) if req.get("think_time") is not None else None
 
 
 def _seconds(req: dict, key: str, where: str) -> float:
