@@ -1,11 +1,14 @@
 """Shadow fidelity in the simulator: trace x workers x rate x mode.
 
     nice .venv/bin/python bench/fidelity.py --out bench/fidelity.json > bench/fidelity.md
+    nice .venv/bin/python bench/fidelity.py --pacing session \
+        --out bench/fidelity_session.json > bench/fidelity_session.md
 
 Modes: ``blocks`` / ``radix`` (approximate: the router's own shadows) and ``kv events``
 (precise: the worker models' KV events, ``--kv-delay-ms`` late, into the router's KVIndex).
 Shadow error = mean |estimate at booking - true cached tokens| / prompt tokens. Pickers: the
 default (ttft) and unified; hit rate and TTFT p90 are the worker models' true figures.
+``--pacing session``: a session's next turn waits for its previous answer (traces/pacing.py).
 """
 
 from __future__ import annotations
