@@ -26,7 +26,7 @@ import orjson
 
 from router.fleet.upstream import ConnectFailed, ConnectionLost, UpstreamError, UpstreamPool
 from router.fleet.worker_truth import parse_worker_metrics
-from traces.pacing import Pacing, predecessors, release_time
+from traces.pacing import PACINGS, Pacing, predecessors, release_time
 from traces.prompts import prompt_text, prompt_token_ids
 from traces.record import TraceRequest
 from traces.simulator import PolicyRun
@@ -154,10 +154,11 @@ def _body(req: TraceRequest, cfg: ReplayConfig, model: str) -> dict:
 
 
 async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) -> ReplayOutcome:
-    """Send ``trace`` open loop to ``cfg.url`` and collect per-request outcomes."""
+    """Send ``trace`` to ``cfg.url`` (paced as ``cfg.pacing``) and collect per-request
+    outcomes."""
     if cfg.prompt_mode not in ("tokens", "text") or cfg.speedup <= 0:
         raise ValueError("prompt_mode must be tokens or text, speedup > 0")
-    if cfg.pacing not in ("open", "session"):
+    if cfg.pacing not in PACINGS:
         raise ValueError(f"unknown pacing {cfg.pacing!r}")
     n = len(trace)
     arrival = np.array([r.arrival / cfg.speedup for r in trace])

@@ -202,6 +202,7 @@ def simulate(
         if model.next_event is not None:
             heapq.heappush(wakeups, (model.next_event, w, model.version))
 
+    # the recorded span (a session-paced run that falls behind goes on past its last sample)
     span = (trace[-1].arrival / config.speedup) if n else 0.0
     sample_times = np.linspace(0.0, span, config.samples) if n else np.zeros(0)
     inflight = np.zeros((len(sample_times), len(states)), dtype=np.int32)
