@@ -18,6 +18,7 @@ import json
 import sys
 
 from traces.formats import load_trace
+from traces.pacing import PACINGS
 from traces.simulate import make_sim_picker
 from traces.simulator import SimConfig, simulate
 
@@ -34,7 +35,7 @@ def main() -> int:
     p.add_argument("--workers", default="8,4")
     p.add_argument("--speedups", default="1,4")
     p.add_argument("--policies", default="ttft,unified")
-    p.add_argument("--pacing", choices=("open", "session"), default="open")
+    p.add_argument("--pacing", choices=PACINGS, default="open")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--kv-delay-ms", type=float, default=50.0)
     p.add_argument("--out", default=None)

@@ -32,13 +32,18 @@ Pacing = Literal["open", "session"]
 PACINGS: tuple[Pacing, ...] = ("open", "session")
 
 
-def predecessors(trace: Sequence[TraceRequest]) -> list[int]:
-    """For each request, the index of its session's previous request (-1: none).
+def predecessors(trace: Sequence[TraceRequest], pacing: Pacing = "session") -> list[int]:
+    """For each request, the index of the request it waits for (-1: none): its session's
+    previous request in session pacing, none in open loop.
 
     ``trace`` is in arrival order (as every loader returns it).
     """
+    if pacing not in PACINGS:
+        raise ValueError(f"unknown pacing {pacing!r}")
     last: dict[str, int] = {}
     out = [-1] * len(trace)
+    if pacing == "open":
+        return out
     for i, req in enumerate(trace):
         session = req.session_id
         if session:

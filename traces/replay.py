@@ -26,7 +26,7 @@ import orjson
 
 from router.fleet.upstream import ConnectFailed, ConnectionLost, UpstreamError, UpstreamPool
 from router.fleet.worker_truth import parse_worker_metrics
-from traces.pacing import PACINGS, Pacing, predecessors, release_time
+from traces.pacing import Pacing, predecessors, release_time
 from traces.prompts import prompt_text, prompt_token_ids
 from traces.record import TraceRequest
 from traces.simulator import PolicyRun
@@ -158,13 +158,11 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
     outcomes."""
     if cfg.prompt_mode not in ("tokens", "text") or cfg.speedup <= 0:
         raise ValueError("prompt_mode must be tokens or text, speedup > 0")
-    if cfg.pacing not in PACINGS:
-        raise ValueError(f"unknown pacing {cfg.pacing!r}")
     n = len(trace)
     arrival = np.array([r.arrival / cfg.speedup for r in trace])
     # session pacing: a turn waits for its session's previous one to end (any outcome)
-    previous = predecessors(trace) if cfg.pacing == "session" else [-1] * n
-    ended = [asyncio.Event() for _ in range(n)] if cfg.pacing == "session" else []
+    previous = predecessors(trace, cfg.pacing)
+    ended = [asyncio.Event() for _ in range(n)]
     ended_at = np.full(n, np.nan)
     sent = np.full(n, np.nan)
     first = np.full(n, np.nan)
@@ -221,8 +219,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
                 lost_streaming += not np.isnan(first[i])
             finally:
                 ended_at[i] = time.perf_counter() - start
-                if ended:
-                    ended[i].set()
+                ended[i].set()
                 done += 1
                 if cfg.progress and (done % 50 == 0 or done == n):
                     sys.stderr.write(f"\r  {name:<20} {done:>7}/{n} requests")

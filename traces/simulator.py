@@ -183,17 +183,12 @@ def simulate(
     wakeups: list[tuple[float, int, int]] = []  # (time, worker, version)
     # requests due to be sent, (time, index): all of them at their arrival in open loop; in
     # session pacing a turn enters when its session's previous turn finishes
+    previous = predecessors(trace, config.pacing)
     successor = [-1] * n
-    if config.pacing == "session":
-        previous = predecessors(trace)
-        for j, p in enumerate(previous):
-            if p >= 0:
-                successor[p] = j
-        arrivals = [(trace[j].arrival / config.speedup, j) for j in range(n) if previous[j] < 0]
-    elif config.pacing == "open":
-        arrivals = [(trace[j].arrival / config.speedup, j) for j in range(n)]
-    else:
-        raise ValueError(f"unknown pacing {config.pacing!r}")
+    for j, p in enumerate(previous):
+        if p >= 0:
+            successor[p] = j
+    arrivals = [(trace[j].arrival / config.speedup, j) for j in range(n) if previous[j] < 0]
     heapq.heapify(arrivals)
     sent = 0
 

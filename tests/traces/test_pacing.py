@@ -16,6 +16,9 @@ def test_each_turn_waits_for_its_sessions_previous_turn_only():
     trace = [req(0, "a"), req(1, "b"), req(2, "a"), req(3, ""), req(4, ""), req(5, "a")]
     # requests without a session (Azure, Bailian) are never held
     assert predecessors(trace) == [-1, -1, 0, -1, -1, 2]
+    assert predecessors(trace, "open") == [-1] * 6  # open loop: nobody waits
+    with pytest.raises(ValueError, match="unknown pacing"):
+        predecessors(trace, "closed")  # type: ignore[arg-type]
 
 
 def test_a_turn_goes_at_its_arrival_or_after_the_answer_and_the_think_time():
