@@ -9,6 +9,9 @@ Modes: ``blocks`` / ``radix`` (approximate: the router's own shadows) and ``kv e
 Shadow error = mean |estimate at booking - true cached tokens| / prompt tokens. Pickers: the
 default (ttft) and unified; hit rate and TTFT p90 are the worker models' true figures.
 ``--pacing session``: a session's next turn waits for its previous answer (traces/pacing.py).
+``--shadow-capacity-tokens``: the router's shadows believe this KV capacity instead of the
+workers' own; ``--correct-shadow`` (auto: on exactly then, as the proxy) runs the proxy's
+report-driven capacity correction (router/cache/feedback.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import sys
 
 from traces.formats import load_trace
 from traces.pacing import PACINGS
-from traces.simulate import make_sim_picker
+from traces.simulate import CORRECTIONS, make_sim_picker
 from traces.simulator import SimConfig, simulate
 
 MODES = {
@@ -38,9 +41,14 @@ def main() -> int:
     p.add_argument("--pacing", choices=PACINGS, default="open")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--kv-delay-ms", type=float, default=50.0)
+    p.add_argument("--shadow-capacity-tokens", type=int, default=None, help="router's belief")
+    p.add_argument("--correct-shadow", choices=CORRECTIONS, default="auto")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     rows = []
+    settings = dict(
+        correct_shadow=args.correct_shadow, shadow_capacity_tokens=args.shadow_capacity_tokens
+    )
     print("| trace | workers | rate | mode | policy | shadow error | hit rate | TTFT p90 s |")
     print("|---|---:|---:|---|---|---:|---:|---:|")
     for spec in args.traces.split(","):
@@ -56,11 +64,13 @@ def main() -> int:
                             speedup=speedup,
                             pacing=args.pacing,
                             kv_event_delay_s=args.kv_delay_ms / 1000,
+                            correct_shadow=CORRECTIONS[args.correct_shadow],
+                            shadow_capacity_tokens=args.shadow_capacity_tokens,
                             **options,
                         )
                         s = simulate(trace, make_sim_picker(policy), config).summary()
                         row = dict(trace=name, workers=workers, speedup=speedup, mode=mode,
-                                   policy=policy, pacing=args.pacing, **s)  # fmt: skip
+                                   policy=policy, pacing=args.pacing, **settings, **s)  # fmt: skip
                         rows.append(row)
                         print(
                             f"| {name} | {workers} | {speedup:g}x | {mode} | {policy} | "

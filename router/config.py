@@ -128,7 +128,9 @@ class Settings(BaseSettings):
         "cached tokens; the extra chunk is dropped when the client did not ask for it",
     )
     correct_shadow: bool = Field(
-        True, description="adapt shadow capacity to the cached tokens workers report"
+        True,
+        description="adapt shadow capacity to the cached tokens workers report, while it is a "
+        "guess (until --shadow-capacity-from-worker sizes it from the worker's /metrics)",
     )
     # Worker truth and precise mode (router/fleet/worker_metrics.py, router/fleet/kv_events.py):
     # what the workers themselves say they hold, next to the router's estimate of it.
@@ -140,9 +142,10 @@ class Settings(BaseSettings):
     )
     worker_metrics_path: str = Field("/metrics", description="worker path of its metrics")
     shadow_capacity_from_worker: bool = Field(
-        False,
+        True,
         description="size each worker's shadows to the KV capacity its /metrics report "
-        "(vllm:cache_config_info block_size x num_gpu_blocks) instead of --kv-capacity-tokens",
+        "(vllm:cache_config_info block_size x num_gpu_blocks, sglang:max_total_num_tokens) "
+        "instead of --kv-capacity-tokens; the feedback correction then leaves them alone",
     )
     kv_events: bool = Field(
         False,

@@ -100,6 +100,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_main)
 
 
+CORRECTIONS: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
+"""``--correct-shadow`` choices as ``SimConfig.correct_shadow`` values."""
+
+
 def add_simulation_options(p: argparse.ArgumentParser) -> None:
     """Options shared by ``simulate`` and ``demo``."""
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated picker names")
@@ -119,6 +123,20 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--kv-event-delay-ms", type=float, default=50.0, help="event batch latency")
     p.add_argument("--kv-event-loss", type=float, default=0.0, help="fraction of batches lost")
+    p.add_argument(
+        "--shadow-capacity-tokens",
+        type=int,
+        default=None,
+        help="the router's belief of each worker's KV capacity (default: the workers' own)",
+    )
+    p.add_argument(
+        "--correct-shadow",
+        choices=CORRECTIONS,
+        default="auto",
+        help="adapt the shadows' capacity to the cached tokens the workers report "
+        "(router/cache/feedback.py); auto: as the proxy, while the capacity is a guess "
+        "(--shadow-capacity-tokens given)",
+    )
 
 
 def add_pacing_option(p: argparse.ArgumentParser) -> None:
@@ -146,6 +164,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_event_delay_s=getattr(args, "kv_event_delay_ms", 50.0) / 1000,
         kv_event_loss=getattr(args, "kv_event_loss", 0.0),
         seed=args.seed,
+        shadow_capacity_tokens=args.shadow_capacity_tokens,
+        correct_shadow=CORRECTIONS[args.correct_shadow],
     )
 
 

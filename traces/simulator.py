@@ -30,6 +30,7 @@ import numpy as np
 from policies.base import Picker, RequestFeatures
 from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.block_lru import BlockLRU
+from router.cache.feedback import correct_shadow
 from router.cache.kv_index import KVEventFeed, KVIndex
 from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
@@ -54,6 +55,9 @@ class SimConfig:
     kv_event_delay_s: float = 0.05
     kv_event_loss: float = 0.0  # fraction of event batches lost on the way
     seed: int = 0  # which batches are lost
+    # the proxy's report-driven capacity correction (router/cache/feedback.py); None: as the
+    # proxy runs it, only while the shadows' capacity is a guess (shadow_capacity_tokens set)
+    correct_shadow: bool | None = None
 
 
 @dataclass
@@ -152,6 +156,10 @@ def simulate(
     cached = np.zeros(n, dtype=np.int64)
     chosen = np.zeros(n, dtype=np.int64)
     states = make_worker_states(config)
+    capacity_blocks = states[0].blocks.capacity_blocks if states else 0
+    correcting = config.correct_shadow
+    if correcting is None:
+        correcting = config.shadow_capacity_tokens is not None
     bookings: list[Booking | None] = [None] * n
     branches: dict[str, int] = {}
 
@@ -166,7 +174,11 @@ def simulate(
     def on_finish(req: SimRequest, now: float) -> None:
         i = req.tag
         out["finish"][i] = now
-        bookings[i].finish()
+        booking = bookings[i]
+        if correcting:  # the proxy corrects when the usage arrives, at the end
+            radix_capacity = KEY_TOKENS * capacity_blocks
+            correct_shadow(booking, req.cached_tokens, capacity_blocks, radix_capacity)
+        booking.finish()
         bookings[i] = None
         after = successor[i]
         if after >= 0:  # session pacing: the session's next turn can now be sent

@@ -55,7 +55,10 @@ def to_router_tokens(cached: int, prompt_tokens: int | None, input_length: int) 
 def correct_shadow(
     booking: Booking, reported: int, configured_blocks: int, configured_tokens: int | None
 ) -> Correction:
-    """Adapt the booked worker's shadow capacities to a report (router tokens)."""
+    """Adapt the booked worker's shadow capacities to a report (router tokens).
+
+    ``configured_tokens`` is the radix tree's configured capacity in its own tokens.
+    """
     worker = booking.worker
     lru = worker.blocks
     size = lru.block_size
@@ -79,18 +82,19 @@ def correct_shadow(
     tree = worker.radix
     if tree is not None and booking.radix_estimate is not None and configured_tokens:
         current = tree.capacity_tokens if tree.capacity_tokens is not None else configured_tokens
+        weight = worker.radix_token_weight  # real tokens per tree token (1 but in the simulator)
         # compare at block granularity too: finer worker pages are not false hits
         est, rep = booking.radix_estimate // size * size, reported // size * size
         if est > rep:
-            floor = max(size, configured_tokens // MIN_CAPACITY_FRACTION)
-            target = max(floor, min(current, tree.total_tokens) - (est - rep))
+            floor = max(size // weight, configured_tokens // MIN_CAPACITY_FRACTION)
+            target = max(floor, min(current, tree.total_tokens) - (est - rep) // weight)
             if target < current:
                 radix_delta = target - current
                 tree.capacity_tokens = target
                 if tree.total_tokens > target:
                     tree.evict(tree.total_tokens - target)
         elif rep > est and current < configured_tokens:
-            target = min(configured_tokens, current + rep - est)
+            target = min(configured_tokens, current + (rep - est) // weight)
             radix_delta = target - current
             tree.capacity_tokens = target
     return Correction(blocks_delta, radix_delta)

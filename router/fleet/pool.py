@@ -60,6 +60,9 @@ class Worker:
     last_error: str | None = None
     removed: bool = False
     opened_at: float | None = None  # time.monotonic() when the circuit last opened
+    # the shadows are sized to the capacity the worker's own /metrics report (not a guess), so
+    # the report-driven capacity correction (router/cache/feedback.py) leaves them alone
+    capacity_reported: bool = False
     stats: WorkerStats = field(default_factory=WorkerStats)
     truth: WorkerTruth = field(default_factory=WorkerTruth)  # its /metrics (worker_metrics.py)
     kv_events: Any = None  # its KVEventSubscriber (kv_events.py) in precise mode
@@ -197,11 +200,13 @@ class WorkerPool:
 
     def resize(self, worker: Worker, tokens: int) -> None:
         """Size ``worker``'s shadows to ``tokens`` of KV capacity (its real one, read from its
-        ``/metrics``): both shadows and the bounds of the feedback correction."""
+        ``/metrics``): both shadows, whatever the feedback correction had made of them, which
+        stops for this worker (its capacity is no longer a guess)."""
         s = self.settings
         blocks = max(1, tokens // s.block_size)
         worker.capacity_tokens = tokens
         worker.capacity_blocks = blocks
+        worker.capacity_reported = True
         worker.state.blocks.resize(blocks)
         tree = worker.state.radix
         if tree is not None:

@@ -60,7 +60,7 @@ class WorkerMetricsScraper:
         if (
             self.size_shadows
             and capacity
-            and capacity != worker.capacity_tokens
+            and (capacity != worker.capacity_tokens or not worker.capacity_reported)
             and not worker.removed
         ):
             self.pool.resize(worker, capacity)

@@ -464,11 +464,12 @@ class Forwarder:
         return any(w.state.healthy and w not in ex.tried for w in self.pool.workers)
 
     def _report(self, worker: Worker, booking, usage: Usage, input_length: int) -> None:
-        """Record the worker's cached tokens against the estimates; correct the shadow."""
+        """Record the worker's cached tokens against the estimates; correct the shadow's
+        capacity while it is a guess (not yet read from the worker's /metrics)."""
         worker.stats.reported_cached_raw += usage.cached_tokens
         reported = to_router_tokens(usage.cached_tokens, usage.prompt_tokens, input_length)
         booking.report_cached(reported)
-        if self.correct:
+        if self.correct and not worker.capacity_reported:
             change = correct_shadow(
                 booking, reported, worker.capacity_blocks, worker.capacity_tokens
             )

@@ -55,6 +55,25 @@ def test_huge_capacity_shadow_equals_truth(conversation, shadow):
     assert run.summary()["shadow_abs_error"] == 0
 
 
+@pytest.mark.parametrize("shadow", ["blocks", "radix"])
+def test_capacity_correction_brings_an_oversized_shadow_back(synthetic, shadow):
+    """A router that believes 4x the workers' KV capacity over-estimates their hits; the
+    proxy's report-driven correction (on by default exactly then) pulls its shadows back."""
+    worker = WorkerModelConfig(kv_capacity_tokens=32768)
+    sized = SimConfig(workers=2, worker=worker, shadow=shadow)
+    oversized = replace(sized, shadow_capacity_tokens=4 * 32768)
+
+    def error(config: SimConfig) -> float:
+        return simulate(synthetic[:600], make_picker("unified"), config).summary()[
+            "shadow_abs_error"
+        ]
+
+    auto, off = error(oversized), error(replace(oversized, correct_shadow=False))
+    assert auto == error(replace(oversized, correct_shadow=True))
+    assert off > 3 * auto
+    assert auto < error(sized) + 0.01
+
+
 def test_cache_blind_policies_hit_less_than_lmetric(synthetic):
     runs = {
         r.name: r.summary()

@@ -85,3 +85,18 @@ def test_equal_report_changes_nothing():
     change = correct_shadow(booking, 16, 64, 256)
     assert (change.blocks_delta, change.radix_tokens_delta) == (0, 0)
     assert w.blocks.capacity_blocks == 64 and w.radix.capacity_tokens == 256
+
+
+def test_radix_correction_in_tree_units_when_a_tree_token_stands_for_many():
+    """The simulator's trees hold block keys (radix_token_weight real tokens each): the
+    correction converts the reported difference into tree tokens."""
+    tree = RadixTree(capacity_tokens=64)
+    w = WorkerState("w", BlockLRU(64, 512), tree, radix_token_weight=256)
+    tokens = bytes(range(32))  # 8 tree tokens (4 bytes each) = 2048 real tokens
+    w.book(RequestFeatures([1, 2, 3, 4], 2048, None, tokens)).finish()
+    booking = w.book(RequestFeatures([1, 2, 3, 4], 2048, None, tokens))
+    assert booking.radix_estimate == 2048
+    change = correct_shadow(booking, 1024, configured_blocks=64, configured_tokens=64)
+    # 1024 real tokens were false hits: 4 tree tokens off the 8 it holds
+    assert change.radix_tokens_delta == 4 - 64 and tree.capacity_tokens == 4
+    booking.finish()

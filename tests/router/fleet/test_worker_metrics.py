@@ -76,13 +76,12 @@ def gauges(url: str) -> dict[tuple[str, str], float]:
 
 def test_router_scrapes_workers_and_sizes_shadows(fake_workers, router_server) -> None:
     """Every interval the router reads each worker's page: /workers and /metrics show it,
-    and with shadow_capacity_from_worker the shadows take the worker's real capacity."""
+    and (shadow_capacity_from_worker, the default) the shadows take the worker's capacity."""
     w1, w2 = fake_workers(2)
     w1.metrics_text = page(1000, 250, 100)  # 3,200 tokens
     srv = router_server(
         workers=[w1.url, w2.url],
         worker_metrics_interval_s=0.1,
-        shadow_capacity_from_worker=True,
         block_size=32,
     )
 
@@ -120,7 +119,9 @@ def test_scrapes_can_be_turned_off_and_leave_capacity_alone(fake_workers, router
     (w1,) = fake_workers(1)
     w1.metrics_text = page(10, 5, 100)
     off = router_server(workers=[w1.url], worker_metrics_interval_s=0)
-    on = router_server(workers=[w1.url], worker_metrics_interval_s=0.1)
+    on = router_server(
+        workers=[w1.url], worker_metrics_interval_s=0.1, shadow_capacity_from_worker=False
+    )
 
     def entry(srv) -> dict:
         return httpx.get(srv.url + "/workers").json()[0]
@@ -146,3 +147,27 @@ def test_shadow_error_ratio_in_metrics(fake_workers, router_server) -> None:
     expected = acc["blocks_abs_error_tokens"] / acc["prompt_tokens"]
     assert g[("cache_router_shadow_error_ratio", "blocks")] == expected
     assert g[("cache_router_shadow_scored_prompt_tokens_total", w1.url)] == 240
+
+
+def test_a_reported_capacity_stops_the_feedback_correction(fake_workers, router_server) -> None:
+    """Once the shadows are sized to the capacity the worker reports, false hits (here: a
+    worker whose cache is smaller than it says, as one fed by traffic the router does not
+    see) no longer shrink them; before that, they do (test_app's shrink test)."""
+    (w1,) = fake_workers(1, cache_tokens=3000)
+    w1.metrics_text = page(0, 0, 2048, block_size=32)  # says 65,536 tokens
+    srv = router_server(workers=[w1.url], worker_metrics_interval_s=0.1)
+
+    def entry() -> dict:
+        return httpx.get(srv.url + "/workers").json()[0]
+
+    assert wait_until(lambda: entry()["kv_capacity_tokens"] == 65536)  # sized by default
+    prompts = [f"document {i} " + "lorem ipsum dolor sit amet " * 100 for i in range(6)]
+    with httpx.Client(base_url=srv.url, timeout=10) as client:
+        for prompt in prompts + prompts:
+            assert client.post("/v1/completions", json={"prompt": prompt}).status_code == 200
+    state = entry()
+    acc = state["accuracy"]
+    assert acc["blocks_estimate_tokens"] > acc["reported_tokens"]  # false hits happened
+    assert state["shadow_capacity_blocks"] == 65536 // 512
+    assert state["radix_capacity_tokens"] == 65536
+    assert "cache_router_shadow_corrections_total{" not in httpx.get(srv.url + "/metrics").text
