@@ -16,7 +16,8 @@ their KV events and each router runs in precise mode (``--kv-events --kv-events-
 The shadows' fidelity is the router's own: before each router stops, its
 ``cache_router_shadow_error_ratio{shadow}`` is read into ``shadow_abs_error_blocks``,
 ``_radix`` and ``_kv`` (the KV-event index), the names ``simulate`` uses for the same figures
-(``shadow_abs_error``: the one that answered the estimates).
+(``shadow_abs_error``: the one that answered the estimates); in precise mode the KV-event
+batches' lag (publish to receipt, ``/workers``) too, in modelled seconds.
 """
 
 from __future__ import annotations
@@ -83,12 +84,31 @@ def router_shadow_errors(url: str) -> dict[str, float]:
     return out
 
 
+def router_kv_event_lags(url: str) -> dict[str, float]:
+    """The largest of the workers' recent KV-event batch lags (publish to receipt, real
+    seconds) at the router at ``url``: ``p50`` and ``max`` (empty if unreadable or none)."""
+    try:
+        kv = [w.get("kv_events") or {} for w in httpx.get(f"{url}/workers", timeout=10).json()]
+    except (httpx.HTTPError, ValueError):
+        return {}
+    out = {}
+    for key in ("p50", "max"):
+        values = [k[f"lag_s_{key}"] for k in kv if k.get(f"lag_s_{key}") is not None]
+        if values:
+            out[key] = max(values)
+    return out
+
+
 def outcome_document(trace_info: dict, outcomes: Sequence[ReplayOutcome], workers: int,
                      wall: float, time_scale: float,
                      shadows: dict[str, dict[str, float]] | None = None,
-                     active: str = "blocks") -> dict:  # fmt: skip
+                     active: str = "blocks",
+                     lags: dict[str, dict[str, float]] | None = None) -> dict:  # fmt: skip
     """results.json for live runs: ``hit_rate`` is the workers' own metric; ``shadows``:
-    each policy's router-measured shadow errors (:func:`router_shadow_errors`)."""
+    each policy's router-measured shadow errors (:func:`router_shadow_errors`); ``lags``: its
+    KV-event lags (:func:`router_kv_event_lags`), written in modelled seconds
+    (``kv_event_lag_p50_s``, ``_max_s``: real ones times ``time_scale``), to set beside
+    ``simulate --kv-event-delay-ms``."""
     document = results_document(trace_info, workers, wall, [o.run for o in outcomes])
     document["time_scale"] = time_scale
     for outcome in outcomes:
@@ -105,6 +125,8 @@ def outcome_document(trace_info: dict, outcomes: Sequence[ReplayOutcome], worker
         for name, value in errors.items():
             entry[f"shadow_abs_error_{name}"] = value
         entry["shadow_abs_error"] = errors.get("kv", errors.get(active))
+        for key, value in (lags or {}).get(outcome.run.name, {}).items():
+            entry[f"kv_event_lag_{key}_s"] = value * time_scale
     return document
 
 
@@ -155,6 +177,7 @@ def run_sweep(
     time_scale = args.speedup if args.sim_workers else 1.0
     outcomes: list[ReplayOutcome] = []
     shadows: dict[str, dict[str, float]] = {}
+    lags: dict[str, dict[str, float]] = {}
     started = time.perf_counter()
     sim_args = ["--time-scale", str(args.speedup), *shlex.split(args.sim_worker_args)]
     kv_events = "worker-binds" if args.sim_kv_events and args.sim_workers else None
@@ -178,12 +201,14 @@ def run_sweep(
                 cfg = _replay_config(args, svc.url, salt, workers)
                 outcome = asyncio.run(replay(policy_trace, cfg, policy))
                 shadows[policy] = router_shadow_errors(svc.url)
+                if kv_events is not None:
+                    lags[policy] = router_kv_event_lags(svc.url)
             outcomes.append(scaled(outcome, time_scale))
     wall = time.perf_counter() - started
     active = "radix" if "radix" in _option(extra_router, "--shadow") else "blocks"
     document = outcome_document(
         trace_summary(args.trace, trace), outcomes, len(workers), wall, time_scale,
-        shadows, active,
+        shadows, active, lags,
     )  # fmt: skip
     return document, outcomes
 

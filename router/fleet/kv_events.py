@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
 import time
 from collections import deque
 from typing import Any
@@ -89,6 +90,7 @@ class KVEventSubscriber:
             "connected": self.connected > 0,
             "messages": self.messages,
             "lag_s_max": round(max(self.lags), 4) if self.lags else None,
+            "lag_s_p50": round(statistics.median(self.lags), 4) if self.lags else None,
             "last_seq": self.feed.last_seq,
             "replaying": self.feed.replaying,
             "errors": self.errors,

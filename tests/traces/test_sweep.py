@@ -78,6 +78,8 @@ def test_live_shadow_errors_match_the_simulator_under_memory_pressure(tmp_path: 
             for k in ("blocks", "radix", "kv")}  # fmt: skip
     assert all(abs(gap) <= 0.04 for gap in gaps.values()), (gaps, got, want)
     assert got["shadow_abs_error"] == got["shadow_abs_error_kv"]
+    # the events' lag, in the modelled seconds simulate's --kv-event-delay-ms is set in
+    assert 0 <= got["kv_event_lag_p50_s"] <= got["kv_event_lag_max_s"] < 60
 
 
 def test_demo_offline_prints_the_table(tmp_path: Path, capsys):
