@@ -157,6 +157,7 @@ def simulate(
     chosen = np.zeros(n, dtype=np.int64)
     states = make_worker_states(config)
     capacity_blocks = states[0].blocks.capacity_blocks if states else 0
+    radix_capacity = KEY_TOKENS * capacity_blocks  # the trees' configured size, as built
     correcting = config.correct_shadow
     if correcting is None:
         correcting = config.shadow_capacity_tokens is not None
@@ -176,7 +177,6 @@ def simulate(
         out["finish"][i] = now
         booking = bookings[i]
         if correcting:  # the proxy corrects when the usage arrives, at the end
-            radix_capacity = KEY_TOKENS * capacity_blocks
             correct_shadow(booking, req.cached_tokens, capacity_blocks, radix_capacity)
         booking.finish()
         bookings[i] = None
