@@ -156,8 +156,9 @@ def simulate(
     cached = np.zeros(n, dtype=np.int64)
     chosen = np.zeros(n, dtype=np.int64)
     states = make_worker_states(config)
+    # the shadows' configured sizes, the bounds of the capacity correction
     capacity_blocks = states[0].blocks.capacity_blocks if states else 0
-    radix_capacity = KEY_TOKENS * capacity_blocks  # the trees' configured size, as built
+    radix_capacity = states[0].radix.capacity_tokens if states else 0
     correcting = config.correct_shadow
     if correcting is None:
         correcting = config.shadow_capacity_tokens is not None

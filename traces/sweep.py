@@ -84,11 +84,16 @@ def router_shadow_errors(url: str) -> dict[str, float]:
     return out
 
 
+def _kv_states(url: str, timeout: float) -> list[dict]:
+    """Each worker's ``kv_events`` entry in the router's ``GET /workers`` ({} where none)."""
+    return [w.get("kv_events") or {} for w in httpx.get(f"{url}/workers", timeout=timeout).json()]
+
+
 def router_kv_event_lags(url: str) -> dict[str, float]:
     """The largest of the workers' recent KV-event batch lags (publish to receipt, real
     seconds) at the router at ``url``: ``p50`` and ``max`` (empty if unreadable or none)."""
     try:
-        kv = [w.get("kv_events") or {} for w in httpx.get(f"{url}/workers", timeout=10).json()]
+        kv = _kv_states(url, timeout=10)
     except (httpx.HTTPError, ValueError):
         return {}
     out = {}
@@ -228,7 +233,7 @@ def _wait_synced(url: str, n: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            kv = [w.get("kv_events") or {} for w in httpx.get(f"{url}/workers", timeout=5).json()]
+            kv = _kv_states(url, timeout=5)
         except httpx.HTTPError:
             kv = []
         if len(kv) == n and all(k.get("connected") and k.get("synced") for k in kv):
