@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from traces.fleet import free_port, kv_events_args, router, sim_workers, start_service
+from traces.prompts import prompt_token_ids
 from traces.replay import ReplayConfig, replay
 from traces.synth import SynthConfig, synthesize
 
@@ -68,6 +69,20 @@ def prompt(seed: int, n: int) -> list[int]:
     return [(seed * 7919 + i * 31) % 30_000 + 1 for i in range(n)]
 
 
+def settled(url: str, quiet_s: float = 0.3, timeout: float = 20.0) -> dict[str, int]:
+    """The totals once no KV event batch has arrived for ``quiet_s``: every event the idle
+    workers published has reached the index."""
+    deadline = time.monotonic() + timeout
+    before = totals(url)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = totals(url)
+        if now["batches"] == before["batches"]:
+            return now
+        before = now
+    pytest.fail(f"KV event batches still arriving after {timeout} s")
+
+
 @pytest.mark.parametrize(
     ("direction", "flavor"),
     [("worker-binds", "vllm"), ("router-binds", "vllm"), ("worker-binds", "sglang")],
@@ -78,6 +93,7 @@ def test_multi_turn_replay_index_matches_the_workers(direction: str, flavor: str
                     turns_alpha=0.8, max_turns=8, system_prompts=2, seed=5)
     )  # 96 requests, 3.8k prompt tokens on average, up to 8 turns  # fmt: skip
     assert len({r.session_id for r in trace}) < len(trace)  # later turns extend earlier ones
+    last_turns = list({r.session_id: r for r in trace}.values())[:12]
     args = ["--kv-events"] + (["--kv-events-connect"] if direction == "worker-binds" else [])
     small = ["--time-scale", "20", "--kv-capacity-tokens", str(32 * 512)]  # evictions
     with sim_workers(3, [*small, "--flavor", flavor], kv_events=direction) as workers:
@@ -87,14 +103,27 @@ def test_multi_turn_replay_index_matches_the_workers(direction: str, flavor: str
             config = ReplayConfig(url=svc.url, speedup=4.0, max_output_tokens=16)
             outcome = asyncio.run(replay(trace, config, "lmetric"))
             assert outcome.errors == 0 and outcome.worker_hit_rate is not None
-            t = totals(svc.url)
+            t = settled(svc.url)
+            # quiescent: one request at a time on idle workers whose every event has arrived
+            for req in last_turns:
+                complete(svc.url, prompt_token_ids(req))
+                quiet = settled(svc.url)
     # every booking is answered by the index, but for a worker's first ones before it knows
     # the block size (from the first stored event, or vLLM's /metrics)
     assert t["requests"] == len(trace) and t["kv_events_requests"] >= len(trace) - 3
     assert t["stored"] > 0 and t["removed"] > 0 and t["gaps"] == 0  # evictions are followed
+    # Under concurrency a request can wait behind another whose admission evicts blocks the
+    # index (rightly) listed at dispatch: the worker then reports less than the estimate. One
+    # such request is ~1% of this trace's prompt tokens (seen on a loaded 2-core CI machine).
     error = t["kv_events_abs_error_tokens"] / t["kv_events_prompt_tokens"]
-    assert error <= 0.005, (error, t)
+    assert error <= 0.02, (error, t)
     assert t["reported_tokens"] > 0  # the multi-turn prefixes did hit
+    # ... and with nothing in flight the index is exact: every estimate equals the report
+    probes = {k: quiet[k] - t[k] for k in ("kv_events_requests", "kv_events_reported_tokens",
+                                           "kv_events_abs_error_tokens")}  # fmt: skip
+    assert probes["kv_events_requests"] == len(last_turns), probes
+    assert probes["kv_events_reported_tokens"] > 0, probes  # the probes hit cached prefixes
+    assert probes["kv_events_abs_error_tokens"] == 0, probes
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang"])
