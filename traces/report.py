@@ -4,7 +4,7 @@ results.json is a stable interface (``simulate`` writes it; ``replay`` and ``swe
 same shape):
 
     {"trace": {...}, "workers": N, "wall_seconds": s,
-     "policies": {NAME: {"requests", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
+     "policies": {NAME: {"requests", "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
                          "e2e_p50", "e2e_p99", "throughput_rps", "hit_rate",
                          "shadow_abs_error", "imbalance", "pick_us_p50", "pick_us_p99",
                          "branches": {...}}}}

@@ -93,6 +93,7 @@ class PolicyRun:
         per_worker = np.bincount(self.worker, minlength=self.inflight.shape[1])
         return {
             "requests": int(self.requests),
+            "ttft_mean": float(ttft.mean()) if len(ttft) else 0.0,
             "ttft_p50": _pct(ttft, 50),
             "ttft_p90": _pct(ttft, 90),
             "ttft_p99": _pct(ttft, 99),

@@ -110,12 +110,12 @@ def test_simulate_command_writes_results_and_plots(tmp_path: Path):
     assert code == 0
     doc = json.loads((out / "results.json").read_text())
     assert doc["workers"] == 3 and set(doc["policies"]) == {"lmetric", "round_robin", "capped"}
-    keys = {"requests", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "e2e_p50", "e2e_p99",
-            "throughput_rps", "hit_rate", "shadow_abs_error", "imbalance", "pick_us_p50",
-            "pick_us_p99"}  # fmt: skip
+    keys = {"requests", "ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "e2e_p50",
+            "e2e_p99", "throughput_rps", "hit_rate", "shadow_abs_error", "imbalance",
+            "pick_us_p50", "pick_us_p99"}  # fmt: skip
     for entry in doc["policies"].values():
         assert keys <= set(entry)
-        assert entry["ttft_p50"] <= entry["ttft_p99"]
+        assert entry["ttft_p50"] <= entry["ttft_p99"] and entry["ttft_mean"] > 0
     for png in ("ttft_cdf.png", "hit_rate.png", "inflight.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| lmetric |" in (out / "results.md").read_text()
