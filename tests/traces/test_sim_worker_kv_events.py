@@ -4,7 +4,8 @@ that publish their KV events over ZMQ (``sim-worker --kv-events-config``), in bo
 SGLang's encoding). Real processes, real sockets, 127.0.0.1 only.
 
 - a multi-turn replay: every booking is answered by a synced index, and its estimates match
-  what the workers report (the shadow error of the KV index ~0);
+  what the workers report (the shadow error of the KV index ~0 under concurrency, and exactly
+  0 for requests sent one at a time once the events have arrived);
 - a batch lost on the way (``--kv-events-drop``) is a gap: the router replays it from the
   worker's replay socket and stays exact; without replay the index goes unsynced (the shadow
   answers) until the worker's cache is reset (``AllBlocksCleared``).
