@@ -202,14 +202,6 @@ class Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
 
-    async def _wait_headers(self, timeout: float) -> None:
-        while not self.headers_done:
-            if self.error is not None:
-                raise self.error
-            if self.closed:
-                raise ConnectionLost("worker closed the connection", self.got_bytes)
-            await self._wait(timeout)
-
     async def read(self, timeout: float) -> tuple[bytes, bool]:
         """All body bytes received so far (waiting for some) and whether more may follow."""
         chunks = self._chunks
@@ -357,7 +349,12 @@ class UpstreamPool:
                 then()
                 then = None
             try:
-                await conn._wait_headers(read_timeout)
+                while not conn.headers_done:  # the response headers
+                    if conn.error is not None:
+                        raise conn.error
+                    if conn.closed:
+                        raise ConnectionLost("worker closed the connection", conn.got_bytes)
+                    await conn._wait(read_timeout)
                 return conn
             except ConnectionLost as exc:
                 conn.abort()

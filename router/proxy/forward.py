@@ -68,8 +68,8 @@ from router.proxy.errors import (
 )
 from router.proxy.metrics import RouterMetrics
 from router.proxy.parse import CHAT, COMPLETION, ParsedRequest, parse_request
-from router.proxy.server import client_channel
-from router.proxy.tokenize import Tokenizer, request_features
+from router.proxy.server import RouterCycle, client_channel
+from router.proxy.tokenize import Tokenizer, features_of, tokens_now
 from router.proxy.usage import StreamScanner, Usage, scan_body
 
 log = logging.getLogger("cache_router.forward")
@@ -158,6 +158,14 @@ class Forwarder:
     # ---- entry ---------------------------------------------------------------------------
 
     async def __call__(self, scope: dict, receive, send, kind: str) -> None:
+        """The ASGI entry (the app's dispatch; under any ASGI server)."""
+        await self.serve(scope, receive, send, kind, client_channel(send))
+
+    async def serve(
+        self, scope: dict, receive, send, kind: str, channel: RouterCycle | None
+    ) -> None:
+        """One generation request; ``channel``: the router server's cycle behind ``send``
+        (which calls this directly, without the ASGI dispatch), None under another server."""
         stats = self.pool.stats
         if self.max_inflight and stats.in_flight >= self.max_inflight:
             stats.count_rejected("inflight")
@@ -168,15 +176,17 @@ class Forwarder:
             return
         stats.in_flight += 1
         try:
-            await self._handle(scope, receive, send, kind)
+            await self._handle(scope, receive, send, kind, channel)
         finally:
             stats.in_flight -= 1
 
-    async def _handle(self, scope: dict, receive, send, kind: str) -> None:
+    async def _handle(
+        self, scope: dict, receive, send, kind: str, channel: RouterCycle | None
+    ) -> None:
         start = time.perf_counter()
         endpoint = kind
         try:
-            ex = await self._prepare(scope, receive, kind, start)
+            ex = await self._prepare(scope, receive, kind, start, channel)
         except ClientGone:
             self._unrouted("client_disconnect")
             return
@@ -190,7 +200,6 @@ class Forwarder:
             self._unrouted("500")
             await send_error(send, RouterError("internal error in the router"))
             return
-        channel = client_channel(send)
         watcher = None
         if channel is not None:
             ex.task = channel.task or asyncio.current_task()
@@ -225,7 +234,9 @@ class Forwarder:
                 watcher.cancel()
             self.metrics.duration(endpoint).observe(time.perf_counter() - start)
 
-    async def _prepare(self, scope: dict, receive, kind: str, start: float) -> Exchange:
+    async def _prepare(
+        self, scope: dict, receive, kind: str, start: float, channel: RouterCycle | None
+    ) -> Exchange:
         """Headers, body, parse, features: everything before a worker is chosen."""
         session_value = None
         declared = None
@@ -250,9 +261,17 @@ class Forwarder:
         limit = self.settings.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        raw = await read_body(receive, limit)
+        raw = channel.whole_body() if channel is not None else None
+        if raw is None:
+            raw = await read_body(receive, limit)
+        elif len(raw) > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
         request = parse_request(kind, raw, session_value)
-        features, _ = await request_features(request, self.tokenizer, self.settings.block_size)
+        block_size = self.settings.block_size
+        tok = tokens_now(request, self.tokenizer, block_size)
+        if tok is None:
+            tok = await self.tokenizer.tokenize(request)
+        features = features_of(request, tok, block_size)
         body = raw
         drop = False
         if (

@@ -40,7 +40,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -60,6 +60,7 @@ from router.config import Settings
 from router.proxy.accept import Acceptor
 from router.proxy.context import RouterContext
 from router.proxy.errors import error_body
+from router.proxy.parse import GENERATION_PATHS
 
 log = logging.getLogger("cache_router.server")
 
@@ -75,6 +76,10 @@ def _response(status: int, reason: bytes, message: str, type_: str, code: str) -
         b"%sconnection: close\r\n\r\n%s" % (status, reason, len(body), extra, body)
     )
 
+
+# the forwarder's entry (scope, receive, send, endpoint kind, cycle), called by the server
+# for a generation request without the app's ASGI dispatch (RouterCycle.run_direct)
+DirectHandler = Callable[[Any, Any, Any, str, "RouterCycle"], Awaitable[None]]
 
 HEADERS_TOO_LARGE = 431, b"Request Header Fields Too Large", "header_too_large"
 READ_TIMEOUT = 408, b"Request Timeout", "read_timeout"
@@ -97,6 +102,7 @@ class RouterCycle(RequestResponseCycle):
     _head: bytes | None = None  # the response head, held until the first body piece
     _on_disconnect: Callable[[], None] | None = None
     task: asyncio.Task | None = None  # the task running the app for this request
+    endpoint: str | None = None  # a generation endpoint's kind: the forwarder's, directly
 
     def __init__(self, protocol: HttpToolsProtocol, scope: Any, keep_alive: bool) -> None:
         """uvicorn's cycle for ``protocol``'s current request, made directly (the same
@@ -151,20 +157,47 @@ class RouterCycle(RequestResponseCycle):
         else:
             self._on_disconnect = callback
 
-    async def receive(self) -> Any:
-        # a body that is already whole (nearly every request body: it came with the
-        # headers) is handed over without uvicorn's wait on the message event
+    async def run_direct(self, handler: DirectHandler, endpoint: str) -> None:
+        """uvicorn's ``run_asgi`` for a handler the server calls directly (the forwarder,
+        for a generation request): the same safety net, without the app's dispatch."""
+        try:
+            await handler(self.scope, self.receive, self.send, endpoint, self)
+        except BaseException as exc:
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                await self.send_500_response()
+            else:
+                self.transport.close()
+        else:
+            if not self.response_started and not self.disconnected:
+                self.logger.error("ASGI callable returned without starting response.")
+                await self.send_500_response()
+            elif not self.response_complete and not self.disconnected:
+                self.logger.error("ASGI callable returned without completing response.")
+                self.transport.close()
+        finally:
+            self.on_response = _nothing
+
+    def whole_body(self) -> bytes | None:
+        """The request body if it is already whole (nearly every request body: it came with
+        the headers), handed over as :meth:`receive` would; None: read it with receive."""
         if (
-            not self.more_body
-            and self.message_event.is_set()
-            and not self.waiting_for_100_continue
-            and not self.disconnected
-            and not self.response_complete
+            self.more_body
+            or not self.message_event.is_set()
+            or self.waiting_for_100_continue
+            or self.disconnected
+            or self.response_complete
         ):
-            self.flow.resume_reading()  # as uvicorn's receive: a client that leaves is seen
-            self.message_event.clear()
-            body, self.body = self.body, bytearray()
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return None
+        self.flow.resume_reading()  # as uvicorn's receive: a client that leaves is seen
+        self.message_event.clear()
+        body, self.body = self.body, bytearray()
+        return bytes(body)
+
+    async def receive(self) -> Any:
+        body = self.whole_body()  # without uvicorn's wait on the message event
+        if body is not None:
+            return {"type": "http.request", "body": body, "more_body": False}
         return await super().receive()
 
     def _unusual(self) -> bool:
@@ -284,6 +317,10 @@ class RouterCycle(RequestResponseCycle):
                 self.transport.write(head)
 
 
+def _nothing() -> None:
+    pass
+
+
 def client_channel(send: Any) -> RouterCycle | None:
     """The cycle behind an ASGI ``send``; None under another server."""
     cycle = getattr(send, "__self__", None)
@@ -292,11 +329,16 @@ def client_channel(send: Any) -> RouterCycle | None:
 
 def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with ``app``'s client limits (see the module doc)."""
+    router_app = app
     settings = app.settings
     max_head = settings.max_header_bytes
     read_timeout = settings.request_read_timeout_s
     max_connections = settings.max_connections
     stats = app.pool.stats
+    # generation requests go to the forwarder directly (RouterCycle.run_direct) when the
+    # app is the router's (a stand-in app in tests has no forwarder: ASGI for everything)
+    forwarder = getattr(app, "forwarder", None)
+    direct: DirectHandler | None = forwarder.serve if forwarder is not None else None
     messages = {
         "header_too_large": f"request line and headers exceed {max_head} bytes",
         "read_timeout": f"request not received within {read_timeout:g} s",
@@ -352,8 +394,14 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             if self.config.reset_contextvars:  # uvicorn's opt-in context workaround
                 super()._start_asgi_task(cycle, app)
                 return
-            # uvicorn's, keeping the task on the cycle (no current_task() per request)
-            task = cycle.task = self.loop.create_task(cycle.run_asgi(app))
+            # uvicorn's, keeping the task on the cycle (no current_task() per request); a
+            # generation request goes to the forwarder without the app's dispatch, unless
+            # the app would refuse it (draining, over the connection limit)
+            endpoint = cycle.endpoint
+            if endpoint is not None and not router_app.draining and not self._over_limit:
+                task = cycle.task = self.loop.create_task(cycle.run_direct(direct, endpoint))
+            else:
+                task = cycle.task = self.loop.create_task(cycle.run_asgi(app))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
 
@@ -455,6 +503,8 @@ def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
             scope["query_string"] = url.query or b""
             keep_alive = version != "1.0" and parser.should_keep_alive()
             cycle = RouterCycle(self, scope, keep_alive)
+            if direct is not None and scope["method"] == "POST" and self.app is router_app:
+                cycle.endpoint = GENERATION_PATHS.get(scope["path"])
             existing = self.cycle
             self.cycle = cycle
             if existing is None or existing.response_complete:

@@ -128,6 +128,9 @@ class ApproxTokenizer:
             data = request.prompts[0].encode("utf-8", "surrogatepass")
         return from_text_bytes(data, self.block_size)
 
+    def now(self, request: ParsedRequest) -> Tokenized:
+        return self.text(request)
+
     async def tokenize(self, request: ParsedRequest) -> Tokenized:
         return self.text(request)
 
@@ -149,9 +152,12 @@ class LocalTokenizer:
             return self.hf.encode(text, add_special_tokens=False)
         return self.hf.encode(request.prompts[0], add_special_tokens=True)
 
-    async def tokenize(self, request: ParsedRequest) -> Tokenized:
+    def now(self, request: ParsedRequest) -> Tokenized:
         buf = token_bytes(self.ids(request))
         return Tokenized(buf, hash_blocks(buf, self.block_size), len(buf) // TOKEN_BYTES, True)
+
+    async def tokenize(self, request: ParsedRequest) -> Tokenized:
+        return self.now(request)
 
 
 AskWorker = Callable[[str, bytes], Awaitable[bytes | None]]
@@ -194,6 +200,10 @@ class WorkerTokenizer:
         else:
             query["prompt"] = request.prompts[0]
         return query
+
+    def now(self, request: ParsedRequest) -> None:
+        """Never without a call: :meth:`tokenize` asks the worker (or its cache)."""
+        return None
 
     async def tokenize(self, request: ParsedRequest) -> Tokenized:
         query = orjson.dumps(self._query(request), option=_SORTED)
@@ -252,23 +262,36 @@ def make_tokenizer(
     return LocalTokenizer(spec, block_size)
 
 
-async def request_features(
-    request: ParsedRequest, tokenizer: Tokenizer, block_size: int
-) -> tuple[RequestFeatures, bool]:
-    """The request's features (blocks, length, session, tokens) and whether they are exact."""
+def tokens_now(request: ParsedRequest, tokenizer: Tokenizer, block_size: int) -> Tokenized | None:
+    """The prompt's tokens without waiting: ids the client sent, or a tokenizer that needs no
+    call (approx, local); None: ``await tokenizer.tokenize(request)``. (The proxy's hot path
+    then runs no coroutine for this.)"""
     first = request.prompts[0] if request.prompts else None
     if isinstance(first, list):
-        tok = from_ids(first, block_size)
-    else:
-        tok = await tokenizer.tokenize(request)
+        return from_ids(first, block_size)
+    return tokenizer.now(request)
+
+
+def features_of(request: ParsedRequest, tok: Tokenized, block_size: int) -> RequestFeatures:
+    """The request's features (blocks, length, session, tokens) from its first prompt's
+    tokens; a batch's further prompts add their approximate length."""
     length = tok.input_length
     for extra in request.prompts[1:]:
         length += approx_length(extra)
-    features = RequestFeatures(
+    return RequestFeatures(
         blocks=tok.blocks,
         input_length=length,
         session_id=request.session_id,
         tokens=tok.tokens,
         block_size=block_size,
     )
-    return features, tok.exact
+
+
+async def request_features(
+    request: ParsedRequest, tokenizer: Tokenizer, block_size: int
+) -> tuple[RequestFeatures, bool]:
+    """The request's features and whether they are exact (the tokenizer awaited if need be)."""
+    tok = tokens_now(request, tokenizer, block_size)
+    if tok is None:
+        tok = await tokenizer.tokenize(request)
+    return features_of(request, tok, block_size), tok.exact
