@@ -24,6 +24,10 @@ path: the response head is held until the first body piece and both go out in on
 out on the next one), the forwarder can start its response with one call
 (:meth:`RouterCycle.respond`), and a handler can ask to be called back when the client
 disconnects instead of keeping a task blocked on ``receive()`` (:func:`client_channel`).
+A POST to a generation path goes from the protocol to the forwarder directly
+(:meth:`RouterCycle.run_direct`: uvicorn's ``run_asgi`` safety net, no app dispatch, the body
+taken whole with :meth:`RouterCycle.whole_body`); the app still answers it while draining or
+over the connection limit.
 
 :class:`Server` marks the app as draining when SIGTERM / SIGINT arrives (new requests on
 kept-alive connections get 503 + ``Connection: close``; ``/health`` answers 503), then

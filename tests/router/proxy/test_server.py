@@ -11,6 +11,8 @@ import re
 import httpx
 from reliability_support import all_zero, booked, header, raw_exchange, wait_until
 
+from router.proxy.app import RouterApp
+
 BODY = b'{"model": "fake-model", "prompt": "hello there"}'
 
 
@@ -229,3 +231,38 @@ async def test_the_request_line_reaches_the_worker_as_sent(fake_workers, router_
     assert answer.status == 200 and answer.closed and len(worker.requests) == 3
     unknown = await raw_exchange(router.port, b"GET /nothing-here HTTP/1.1\r\nhost: x\r\n\r\n")
     assert unknown.status == 404
+
+
+async def test_generation_requests_skip_the_app_dispatch(fake_workers, router_server, monkeypatch):
+    # the server hands generation requests to the forwarder itself (RouterCycle.run_direct);
+    # every other request, and pipelined ones, still work
+    dispatched: list[str] = []
+    original = RouterApp.__call__
+
+    async def counting(self, scope, receive, send):
+        if scope["type"] == "http":
+            dispatched.append(scope["path"])
+        await original(self, scope, receive, send)
+
+    monkeypatch.setattr(RouterApp, "__call__", counting)
+    (worker,) = fake_workers(1)
+    router = router_server(workers=[worker.url])
+    assert (await raw_exchange(router.port, post())).status == 200
+    chat = b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'
+    assert (await raw_exchange(router.port, post("/v1/chat/completions", chat))).status == 200
+    health = await raw_exchange(router.port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert health.status == 200
+    assert dispatched == ["/health"]
+    # two generation requests pipelined on one connection: both answered, in order
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+    try:
+        writer.write(post(body=b'{"model": "fake-model", "prompt": "one"}') + post())
+        for _ in range(2):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200")
+            length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
+            await asyncio.wait_for(reader.readexactly(length), 5)
+    finally:
+        writer.close()
+    assert len(worker.requests) == 4 and dispatched == ["/health"]
+    assert nothing_booked(router)

@@ -261,3 +261,51 @@ async def test_plain_requests_get_the_scope_uvicorn_gives():
     got, expected = await _scopes_seen(ours, requests), await _scopes_seen(uvicorns, requests)
     assert len(got) == len(requests)
     assert got == expected
+
+
+async def test_run_direct_has_run_asgis_safety_net(caplog):
+    # a generation request's handler is called directly (no ASGI app in between); what
+    # uvicorn's run_asgi guarantees must still hold
+    async def raises_before_answering(scope, receive, send, endpoint, channel):
+        assert channel is c and endpoint == "completion" and scope is c.scope
+        raise RuntimeError("bug")
+
+    c, transport, done = cycle()
+    await c.run_direct(raises_before_answering, "completion")
+    assert transport.writes[0].startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+    assert done == [True] and "Exception in ASGI application" in caplog.text
+
+    async def raises_mid_response(scope, receive, send, endpoint, channel):
+        await channel.respond(200, [(b"content-length", b"4")], b"ab", True)
+        raise RuntimeError("bug")
+
+    c, transport, done = cycle()
+    await c.run_direct(raises_mid_response, "chat")
+    assert transport.closed and len(transport.writes) == 1  # no second response after a head
+
+    async def never_answers(scope, receive, send, endpoint, channel):
+        return None
+
+    c, transport, done = cycle()
+    await c.run_direct(never_answers, "chat")
+    assert transport.writes[0].startswith(b"HTTP/1.1 500")
+
+    async def answers(scope, receive, send, endpoint, channel):
+        await channel.respond(200, [(b"content-length", b"2")], b"ok", False)
+
+    c, transport, done = cycle()
+    await c.run_direct(answers, "chat")
+    assert transport.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"]
+    assert done == [True] and not transport.closed
+    c.on_response()  # disabled once the handler is over (as run_asgi does)
+    assert done == [True]
+
+
+async def test_whole_body_is_handed_over_once_and_only_when_complete():
+    c, _, _ = cycle()
+    c.body += b"{}"
+    c.message_event.set()
+    assert c.whole_body() is None  # more may follow
+    c.more_body = False
+    assert c.whole_body() == b"{}"
+    assert c.whole_body() is None  # taken; receive() would wait for the next message
