@@ -243,14 +243,33 @@ class RouterCycle(RequestResponseCycle):
         """Start the response and send its first body piece: one write, no ASGI messages.
 
         For the forwarder, whose headers come from a worker's response that llhttp parsed
-        (no CR, LF or invalid name bytes can be in them) plus its own: they are not
-        checked again. The unusual cases take :meth:`send`'s path.
+        (no CR, LF or invalid name bytes can be in them) with names in lower case and the
+        hop-by-hop ones (``connection``, ``transfer-encoding``) dropped, plus its own: they
+        are not checked again, and the framing is the content-length's (else chunked), as
+        uvicorn frames such headers. The unusual cases take :meth:`send`'s path.
         """
         if self._unusual():
             await self.send({"type": "http.response.start", "status": status, "headers": headers})
             await self.send({"type": "http.response.body", "body": body, "more_body": more_body})
             return
-        self._write_first(self._build_head(status, headers, check=False), body, more_body)
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        content = [STATUS_LINE[status]]
+        length = None
+        for name, value in headers:
+            if length is None and name == b"content-length":
+                length = value
+            content += (name, b": ", value, b"\r\n")
+        if not self.keep_alive:
+            content.append(b"connection: close\r\n")
+        if length is not None:
+            self.expected_content_length = int(length)
+            self.chunked_encoding = False
+        elif status not in (204, 304):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        self._write_first(b"".join(content), body, more_body)
 
     def _write_first(self, head: bytes, body: bytes, more_body: bool) -> None:
         """The head and the first body piece in one write; the response ends without more."""
@@ -276,20 +295,19 @@ class RouterCycle(RequestResponseCycle):
     def _hold_head(self, status: int, headers: Any) -> None:
         """uvicorn's head for this response, kept until the first body piece (or the next
         loop iteration)."""
-        self._head = self._build_head(status, headers, check=True)
+        self._head = self._build_head(status, headers)
         asyncio.get_running_loop().call_soon(self._flush_head)
 
-    def _build_head(self, status: int, headers: Any, check: bool) -> bytes:
-        """uvicorn's response head (same checks when ``check``, same framing); the response
-        has started."""
+    def _build_head(self, status: int, headers: Any) -> bytes:
+        """uvicorn's response head (same checks, same framing); the response has started."""
         self.response_started = True
         self.waiting_for_100_continue = False
         content = [STATUS_LINE[status]]
         has_connection_close = False
         for name, value in headers:
-            if check and HEADER_RE.search(name):
+            if HEADER_RE.search(name):
                 raise RuntimeError("Invalid HTTP header name.")
-            if check and HEADER_VALUE_RE.search(value):
+            if HEADER_VALUE_RE.search(value):
                 raise RuntimeError("Invalid HTTP header value.")
             name = name.lower()
             if name == b"content-length" and self.chunked_encoding is None:

@@ -309,3 +309,23 @@ async def test_whole_body_is_handed_over_once_and_only_when_complete():
     c.more_body = False
     assert c.whole_body() == b"{}"
     assert c.whole_body() is None  # taken; receive() would wait for the next message
+
+
+async def test_respond_frames_forwarded_headers_as_uvicorns_head_does():
+    # respond() builds the forwarder's head without uvicorn's per-header checks; the bytes
+    # must be the ones the checked path (send) writes for the same response
+    cases = [
+        (200, [(b"content-type", b"application/json"), (b"content-length", b"2")], b"ok"),
+        (200, [(b"content-type", b"text/event-stream")], b"data: 1\n\n"),  # chunked
+        (404, [(b"content-length", b"2"), (b"x-cache-router-worker", b"http://w")], b"no"),
+        (204, [(b"date", b"today")], b""),
+    ]
+    for keep_alive in (True, False):
+        for status, headers, data in cases:
+            ours, ours_t, _ = cycle(keep_alive=keep_alive)
+            await ours.respond(status, headers, data, False)
+            theirs, theirs_t, _ = cycle(keep_alive=keep_alive)
+            await theirs.send({"type": "http.response.start", "status": status, "headers": headers})
+            await theirs.send(body(data))
+            assert ours_t.writes == theirs_t.writes, (status, headers, keep_alive)
+            assert ours.response_complete and ours_t.closed is (not keep_alive)
