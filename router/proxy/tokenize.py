@@ -285,13 +285,3 @@ def features_of(request: ParsedRequest, tok: Tokenized, block_size: int) -> Requ
         tokens=tok.tokens,
         block_size=block_size,
     )
-
-
-async def request_features(
-    request: ParsedRequest, tokenizer: Tokenizer, block_size: int
-) -> tuple[RequestFeatures, bool]:
-    """The request's features and whether they are exact (the tokenizer awaited if need be)."""
-    tok = tokens_now(request, tokenizer, block_size)
-    if tok is None:
-        tok = await tokenizer.tokenize(request)
-    return features_of(request, tok, block_size), tok.exact

@@ -15,8 +15,9 @@ from router.proxy.tokenize import (
     ApproxTokenizer,
     LocalTokenizer,
     WorkerTokenizer,
-    request_features,
+    features_of,
     serialize_chat,
+    tokens_now,
 )
 
 BLOCK = 16  # small blocks: approx blocks are 64 bytes
@@ -28,7 +29,11 @@ def req(kind, body, header=None):
 
 async def features(kind, body, tokenizer=None):
     tokenizer = tokenizer or ApproxTokenizer(BLOCK)
-    return (await request_features(req(kind, body), tokenizer, BLOCK))[0]
+    request = req(kind, body)  # as the forwarder makes them: awaited only when it must be
+    tok = tokens_now(request, tokenizer, BLOCK)
+    if tok is None:
+        tok = await tokenizer.tokenize(request)
+    return features_of(request, tok, BLOCK)
 
 
 async def test_client_token_ids_are_used_as_they_are():
