@@ -4,7 +4,8 @@
 #   docker run -p 8080:8080 -e CACHE_ROUTER_WORKERS="http://w0:8000 http://w1:8000" cache-router
 #   docker run -p 8080:8080 -v ./router.yaml:/etc/cache-router/config.yaml:ro cache-router
 #
-# Two stages: `build` installs the project into /opt/venv with deploy/install.sh (the same
+# Two stages: `build` installs the locked runtime set (requirements/runtime.lock) and the
+# project into /opt/venv with deploy/install.sh (the same
 # script `make image-steps` runs in CI, where no Docker engine is available); the final stage
 # is the slim Python base plus that venv, run as an unprivileged user. Compose and Kubernetes
 # manifests that use this image: deploy/.
@@ -21,7 +22,8 @@ COPY pyproject.toml README.md ./
 COPY router/ router/
 COPY policies/ policies/
 COPY traces/ traces/
-COPY deploy/install.sh deploy/install.sh
+COPY requirements/runtime.lock requirements/runtime.lock
+COPY deploy/install.sh deploy/check_lock.py deploy/
 RUN sh deploy/install.sh /opt/venv /src
 
 FROM ${PYTHON_IMAGE}

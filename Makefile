@@ -3,15 +3,52 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint lint-deploy image-steps bench clean
+.PHONY: venv demo test test-latest lock lint lint-deploy image-steps bench clean
 
-$(BIN)/cache-router: pyproject.toml
+# The tested set: requirements/test.lock (the `test` extra) and requirements/runtime.lock (what
+# the image installs), both compiled from pyproject.toml by `make lock`. The venv gets exactly
+# the lock (--no-deps: nothing resolved here), then the project itself without dependencies;
+# deploy/check_lock.py fails the build when `pip freeze` and the lock differ.
+LOCK_RUNTIME := requirements/runtime.lock
+LOCK_TEST := requirements/test.lock
+UV_VERSION := 0.13.9
+
+$(BIN)/cache-router: pyproject.toml $(LOCK_TEST)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps -r $(LOCK_TEST)
+	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip check
+	$(BIN)/python deploy/check_lock.py $(LOCK_TEST)
 	touch $@
 
 venv: $(BIN)/cache-router
+
+# Re-resolve both locks from pyproject.toml with uv (newest releases the bounds allow; for
+# Python 3.11 on any platform), the runtime lock first and the test lock within it, so the
+# image and the tests run the same versions. Review the diff, run `make test`, commit.
+LOCK_VENV := .venv-lock
+lock:
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install --quiet uv==$(UV_VERSION)
+	mkdir -p requirements
+	$(LOCK_VENV)/bin/uv pip compile --quiet --upgrade --universal --python-version 3.11 \
+		--no-header --annotation-style line pyproject.toml -o $(LOCK_RUNTIME)
+	$(LOCK_VENV)/bin/uv pip compile --quiet --upgrade --universal --python-version 3.11 \
+		--no-header --annotation-style line --extra test -c $(LOCK_RUNTIME) \
+		pyproject.toml -o $(LOCK_TEST)
+
+# The suite on the newest releases pyproject.toml allows, ignoring the lock (in its own venv):
+# how an upgrade is tried before `make lock`.
+LATEST_VENV := .venv-latest
+test-latest:
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/pip install --quiet --upgrade pip
+	$(LATEST_VENV)/bin/pip install --quiet --upgrade --upgrade-strategy eager -e '.[test]'
+	$(LATEST_VENV)/bin/pip check
+	$(LATEST_VENV)/bin/pip freeze --exclude-editable | diff $(LOCK_TEST) - || true
+	$(LATEST_VENV)/bin/ruff check .
+	$(LATEST_VENV)/bin/pytest -q
 
 demo: venv
 	$(BIN)/cache-router demo
@@ -47,4 +84,4 @@ bench: venv
 	$(BIN)/python bench/micro.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(LOCK_VENV) $(LATEST_VENV) .pytest_cache .ruff_cache

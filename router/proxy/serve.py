@@ -90,6 +90,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from router.proxy.uvicorn_support import problem
+
+    unsupported = problem()
+    if unsupported is not None:
+        print(f"cache-router serve: {unsupported}", file=sys.stderr)
+        return 2
     try:
         settings = settings_from_args(args)
     except (ValidationError, ValueError, OSError) as exc:

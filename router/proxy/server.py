@@ -50,21 +50,25 @@ from urllib.parse import unquote
 
 import httptools
 import uvicorn
-from uvicorn.main import STARTUP_FAILURE
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
-from uvicorn.protocols.http.httptools_impl import (
-    HEADER_RE,
-    HEADER_VALUE_RE,
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
 
 from router.config import Settings
 from router.proxy.accept import Acceptor
 from router.proxy.context import RouterContext
 from router.proxy.errors import error_body
 from router.proxy.parse import GENERATION_PATHS
+from router.proxy.uvicorn_support import require_supported
+
+# before uvicorn's internals below: a release outside the tested range fails here, naming it
+require_supported()
+from uvicorn.main import STARTUP_FAILURE  # noqa: E402
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT  # noqa: E402
+from uvicorn.protocols.http.httptools_impl import (  # noqa: E402
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 log = logging.getLogger("cache_router.server")
 
