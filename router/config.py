@@ -68,6 +68,26 @@ class Settings(BaseSettings):
     worker_kv_capacity_tokens: dict[str, int] = Field(
         default_factory=dict, description="per-worker KV capacity override: URL=TOKENS"
     )
+    worker_models: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="models a worker serves, pinned instead of read from its /v1/models: "
+        "URL=BASE[,ADAPTER...] (the first is the base model, the rest its LoRA adapters)",
+    )
+    models_interval_s: float = Field(
+        10.0, gt=0, description="seconds between reads of each worker's /v1/models"
+    )
+    discover: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="find workers: dns://NAME:PORT (A/AAAA), dns+srv://_SERVICE._tcp.NAME "
+        "(SRV), k8s://NAMESPACE?labelSelector=...&port=N (EndpointSlices); workers that "
+        "appear join, workers that go drain",
+    )
+    discover_interval_s: float = Field(
+        5.0, gt=0, description="seconds between DNS look-ups of --discover dns:// names"
+    )
+    discover_nameserver: str | None = Field(
+        None, description="DNS server for --discover, IP or IP:PORT (default: the system's)"
+    )
     block_size: int = Field(BLOCK_SIZE, gt=0, description="tokens per shadow block")
     prefill_tokens_per_s: float = Field(
         DEFAULT_PREFILL_TOKENS_PER_S,
@@ -265,10 +285,23 @@ class Settings(BaseSettings):
     def _processes_as_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
-    @field_validator("workers", "api_keys", mode="before")
+    @field_validator("workers", "api_keys", "discover", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("worker_models", mode="before")
+    @classmethod
+    def _models(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out: dict[str, list[str]] = {}
+        for url, names in value.items():
+            names = _split_list(names) if isinstance(names, str) else names
+            if not isinstance(names, list) or not names:
+                raise ValueError(f"worker_models: {url} needs BASE[,ADAPTER...]")
+            out[normalize_url(url)] = [str(name) for name in names]
+        return out
 
     @field_validator("workers")
     @classmethod
@@ -315,6 +348,9 @@ class Settings(BaseSettings):
                 f"radix_eviction must be one of {', '.join(EVICTION_POLICIES)}, "
                 f"not {self.radix_eviction!r}"
             )
+        for uri in self.discover:
+            if not uri.startswith(("dns://", "dns+srv://", "k8s://")):
+                raise ValueError(f"discover: {uri!r} is not dns://, dns+srv:// or k8s://")
         if self.state_url is not None and not self.state_url.startswith(
             ("redis://", "rediss://", "unix://")
         ):

@@ -14,6 +14,8 @@ class RequestFeatures:
 
     ``blocks`` are chained block hashes (or trace block keys) of ``block_size`` tokens each;
     ``tokens`` (uint32 little-endian bytes) is present when the caller has exact token ids.
+    ``model`` is the model the request names (None: any worker's); ``adapter`` is set when
+    that model is a LoRA adapter, whose blocks are its own (:mod:`router.cache.lora`).
     """
 
     blocks: Sequence[int]
@@ -21,3 +23,5 @@ class RequestFeatures:
     session_id: str | None = None
     tokens: bytes | None = None
     block_size: int = 512
+    model: str | None = None
+    adapter: str | None = None

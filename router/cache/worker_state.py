@@ -28,6 +28,7 @@ from router.cache.block_hash import TextBytes
 from router.cache.block_lru import BlockLRU
 from router.cache.features import RequestFeatures
 from router.cache.kv_index import KVIndex
+from router.cache.lora import AdapterSlots
 from router.cache.radix_tree import RadixTree, TreeNode
 from router.cache.workload import PrefillRate, SessionFootprint
 
@@ -78,6 +79,7 @@ class WorkerState:
     # learned from bookings and reports (router/cache/workload.py), read by the ttft picker
     rate: PrefillRate = field(default_factory=PrefillRate)
     footprint: SessionFootprint = field(default_factory=SessionFootprint)
+    adapters: AdapterSlots = field(default_factory=AdapterSlots)  # its LoRA slots, as booked
 
     def __post_init__(self) -> None:
         if self.shadow not in SHADOW_KINDS:
@@ -153,6 +155,9 @@ class WorkerState:
         self.pending_prefill_tokens += new_prefill
         self.ongoing_decode_tokens += expected_output_tokens
         self.blocks.acquire(request.blocks)
+        adapter = request.adapter
+        if adapter is not None:
+            self.adapters.acquire(adapter)
         return Booking(
             worker=self,
             blocks=request.blocks,
@@ -167,6 +172,7 @@ class WorkerState:
             booked_at=now,
             queued_ahead=queued_ahead,
             radix_pending=radix_pending,
+            adapter=adapter,
         )
 
 
@@ -198,6 +204,7 @@ class Booking:
     first_token_at: float | None = None
     ttft_valid: bool = True  # False: the first byte is not the first token (not streamed)
     radix_pending: bytes | None = None  # tokens whose radix insert book(radix_later) left
+    adapter: str | None = None  # the LoRA adapter it runs (released from the worker's slots)
 
     def insert_radix(self) -> None:
         """The radix insert :meth:`WorkerState.book` left for later (once; no-op otherwise):
@@ -238,6 +245,8 @@ class Booking:
             worker.radix.dec_lock_ref(self.radix_node)
         if self.kv_keys and worker.kv_index is not None:
             worker.kv_index.unpin(self.kv_keys)
+        if self.adapter is not None:
+            worker.adapters.release(self.adapter)
         return True
 
     def report_cached(self, cached_tokens: int) -> None:

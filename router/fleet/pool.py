@@ -39,7 +39,7 @@ from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, WorkerState
 from router.cache.workload import PrefillRate
 from router.config import Settings, normalize_url
-from router.fleet.stats import PoolStats, WorkerStats
+from router.fleet.stats import MODEL_LABELS_MAX, ModelStats, PoolStats, WorkerStats
 from router.fleet.upstream import UpstreamPool
 from router.fleet.worker_truth import WorkerTruth
 
@@ -69,6 +69,14 @@ class Worker:
     # other router replicas' load on it (state_sync.py), included in ``state``'s counters:
     # (requests, pending prefill tokens, decode tokens)
     remote_load: tuple[int, int, int] = (0, 0, 0)
+    # the models it serves, base and LoRA adapters (its /v1/models, or pinned with
+    # --worker-models); None until known: it may serve anything
+    models: frozenset[str] | None = None
+    adapters: frozenset[str] = frozenset()  # those of ``models`` that are LoRA adapters
+    models_pinned: bool = False
+
+    def serves(self, model: str) -> bool:
+        return self.models is None or model in self.models
 
     @property
     def healthy(self) -> bool:
@@ -114,6 +122,9 @@ class Worker:
             "kv_events": self.kv_events.describe() if self.kv_events is not None else None,
             "consecutive_failures": self.consecutive_failures,
             "last_error": self.last_error,
+            "models": sorted(self.models) if self.models is not None else None,
+            "adapters": sorted(self.adapters),
+            "lora": self.state.adapters.describe(),
         }
 
 
@@ -130,8 +141,19 @@ class _Excluded:
         return getattr(self._state, name)
 
 
+class ModelNotServed(LookupError):
+    """No worker of the pool serves the request's model (the router answers 404)."""
+
+
 class WorkerPool:
-    """The workers, in picker order, and the picker that chooses among them."""
+    """The workers, in picker order, and the picker that chooses among them.
+
+    Models: each worker serves a set of models (a base model and its LoRA adapters). A
+    request naming a model is picked among the workers that serve it: the others are shown to
+    the picker as unavailable (like workers already tried), so every picker works unchanged
+    and keeps its per-worker indices. The views for each model are built once per change of
+    membership or of a worker's models, not per request.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -139,6 +161,9 @@ class WorkerPool:
         self.states: list[WorkerState] = []
         self.stats = PoolStats()
         self.picker = self._new_picker()
+        self._views_by_model: dict[str, list[Any] | None] = {}
+        self.adapter_names: frozenset[str] = frozenset()  # adapters any worker serves
+        self._served: frozenset[str] = frozenset()  # models some worker is known to serve
         # called with every booking (router/fleet/state_sync.py shares them with other replicas)
         self.on_book: Callable[[Worker, RequestFeatures, Booking], None] | None = None
         for url in settings.workers:
@@ -179,8 +204,14 @@ class WorkerPool:
             capacity_tokens=tokens,
             capacity_blocks=blocks,
         )
+        pinned = s.worker_models.get(url)
+        if pinned:
+            worker.models_pinned = True
+            worker.models = frozenset(pinned)
+            worker.adapters = frozenset(pinned[1:])
         self.workers.append(worker)
         self.states.append(state)
+        self._models_changed()
         log.info("worker added: %s (KV %d tokens, %d blocks)", url, tokens, blocks)
         return worker
 
@@ -195,8 +226,62 @@ class WorkerPool:
         worker.removed = True
         worker.upstream.close()
         self.picker = self._new_picker()  # session bindings were indices into the old list
+        self._models_changed()
         log.info("worker removed: %s (%d in flight)", worker.url, worker.state.num_requests)
         return worker
+
+    # ---- models --------------------------------------------------------------------------
+
+    def set_models(self, worker: Worker, models: frozenset[str], adapters: frozenset[str]) -> bool:
+        """``worker`` serves ``models`` (``adapters`` among them); True if that changed."""
+        if worker.models_pinned or (worker.models == models and worker.adapters == adapters):
+            return False
+        worker.models, worker.adapters = models, adapters
+        self._models_changed()
+        log.info("worker %s serves %s", worker.url, ", ".join(sorted(models)) or "no model")
+        return True
+
+    def _models_changed(self) -> None:
+        self._views_by_model = {}
+        self.adapter_names = frozenset().union(*(w.adapters for w in self.workers))
+        self._served = frozenset().union(*(w.models or () for w in self.workers))
+
+    def model_stats(self, model: str | None) -> ModelStats:
+        """The counters of requests naming ``model`` (labels bounded: see PoolStats)."""
+        table = self.stats.models
+        stats = table.get(model or "none")
+        if stats is None:
+            label = "none" if model is None else model if model in self._served else "other"
+            if len(table) >= MODEL_LABELS_MAX:
+                label = "other"
+            stats = table.get(label)
+            if stats is None:
+                stats = table[label] = ModelStats()
+        return stats
+
+    def views_for(self, model: str | None) -> Sequence[Any]:
+        """The picker's views for a request naming ``model``: every worker's state, those
+        that do not serve it shown as unavailable. Raises :class:`ModelNotServed` when no
+        worker serves it (workers whose models are not known yet may)."""
+        if model is None:
+            return self.states
+        views = self._views_by_model.get(model, False)
+        if views is False:
+            serving = [w.serves(model) for w in self.workers]
+            if not any(serving):
+                views = None
+            elif all(serving):
+                views = self.states
+            else:
+                views = [
+                    w.state if ok else _Excluded(w.state)
+                    for w, ok in zip(self.workers, serving, strict=True)
+                ]
+            if len(self._views_by_model) < 4096:  # bounded: clients choose model names
+                self._views_by_model[model] = views
+        if views is None:
+            raise ModelNotServed(model)
+        return views
 
     def resize(self, worker: Worker, tokens: int) -> None:
         """Size ``worker``'s shadows to ``tokens`` of KV capacity (its real one, read from its
@@ -273,13 +358,18 @@ class WorkerPool:
     # ---- picking -------------------------------------------------------------------------
 
     def pick(self, request: RequestFeatures, exclude: Sequence[Worker] = ()) -> tuple[Worker, Pick]:
-        """The picker's choice among healthy workers not in ``exclude``.
+        """The picker's choice among healthy workers that serve ``request.model`` and are not
+        in ``exclude``.
 
-        Raises :class:`~policies.base.NoHealthyWorker` when there is none.
+        Raises :class:`ModelNotServed` when no worker serves the model,
+        :class:`~policies.base.NoHealthyWorker` when none of those is healthy.
         """
-        views: Sequence[Any] = self.states
+        views = self.views_for(request.model)
         if exclude:
-            views = [_Excluded(w.state) if w in exclude else w.state for w in self.workers]
+            views = [
+                _Excluded(w.state) if w in exclude else v
+                for w, v in zip(self.workers, views, strict=True)
+            ]
         choice = self.picker.pick(request, views)
         return self.workers[choice.worker], choice
 
@@ -300,4 +390,4 @@ class WorkerPool:
         return [w for w in self.workers if w.state.healthy]
 
 
-__all__ = ["NoHealthyWorker", "Worker", "WorkerPool"]
+__all__ = ["ModelNotServed", "NoHealthyWorker", "Worker", "WorkerPool"]

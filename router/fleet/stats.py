@@ -28,6 +28,22 @@ class WorkerStats:
 
 
 @dataclass
+class ModelStats:
+    """Plain counters of one model (or adapter) across workers: per-model hit rates."""
+
+    requests: dict[str, int] = field(default_factory=dict)  # status -> attempts
+    prompt_tokens: int = 0
+    estimated_hit_tokens: int = 0
+    reported_requests: int = 0
+    reported_prompt_tokens: int = 0  # prompt tokens of the requests with a report
+    reported_cached_tokens: int = 0  # router tokens
+
+
+MODEL_LABELS_MAX = 256
+"""Distinct model labels kept; beyond, a model counts as ``other`` (bounded label sets)."""
+
+
+@dataclass
 class SyncStats:
     """The state sync of router replicas (:mod:`router.fleet.state_sync`); off: ``enabled``
     stays False and nothing is exported."""
@@ -61,6 +77,9 @@ class PoolStats:
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
     suspect: int = 0  # failed alike on several workers, nowhere served: not their fault
     sync: SyncStats = field(default_factory=SyncStats)
+    # by the model requests name: a model some worker serves, "none" (no model named) or
+    # "other"; at most MODEL_LABELS_MAX of them
+    models: dict[str, ModelStats] = field(default_factory=dict)
 
     def count_rejected(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

@@ -29,7 +29,7 @@ from router.config import Settings
 
 BEARER = b"bearer "
 ADMIN_HEADER = b"x-admin-key"
-OBSERVABILITY_PATHS = frozenset({"/metrics", "/workers", "/dashboard/data"})
+OBSERVABILITY_PATHS = frozenset({"/metrics", "/workers", "/workers/discovery", "/dashboard/data"})
 
 
 class Need(Enum):

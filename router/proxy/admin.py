@@ -4,7 +4,8 @@
 - ``GET /health``: 200 while at least one worker is healthy, else 503;
 - ``GET /metrics``: the Prometheus exposition of this app's registry (under ``--processes``,
   of every process's, labelled: :mod:`router.proxy.process_metrics`);
-- ``GET /workers``: one object per worker (load, shadow, estimate vs report);
+- ``GET /workers``: one object per worker (load, shadow, estimate vs report, models);
+- ``GET /workers/discovery``: each ``--discover`` source, the workers it lists, its errors;
 - ``POST /workers`` ``{"url": ..., "kv_capacity_tokens": ...}`` (or ``?url=``) adds a worker,
   ``DELETE /workers`` ``{"url": ...}`` (or ``?url=``) removes one; both need the admin key
   (``Authorization: Bearer KEY`` or ``X-Admin-Key: KEY``) when one is configured.
@@ -124,6 +125,11 @@ def build_admin(app: RouterContext) -> FastAPI:
     async def list_workers() -> Response:
         return _json([w.describe() for w in pool.workers])
 
+    @api.get("/workers/discovery")
+    async def discovery() -> Response:
+        sources = app.discovery.describe() if app.discovery is not None else []
+        return _json({"sources": sources})
+
     @api.post("/workers")
     async def add_worker(request: Request) -> Response:
         check_admin(request)
@@ -132,15 +138,12 @@ def build_admin(app: RouterContext) -> FastAPI:
         if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
             raise BadRequest("'kv_capacity_tokens' must be a positive integer")
         try:
-            worker = pool.add(data["url"], capacity)
+            worker = app.membership.add(data["url"], capacity)
         except ValueError as exc:
             status = 409 if "already" in str(exc) else 400
             err = BadRequest(str(exc), code="worker_exists" if status == 409 else "invalid_url")
             err.status = status
             raise err from None
-        app.health_checker.kick(worker)
-        if app.state_sync is not None:
-            app.state_sync.worker_added(worker)
         return _json(worker.describe(), 201)
 
     @api.delete("/workers")
@@ -148,13 +151,11 @@ def build_admin(app: RouterContext) -> FastAPI:
         check_admin(request)
         data = await target(request)
         try:
-            worker = pool.remove(data["url"])
+            worker = app.membership.remove(data["url"])
         except KeyError:
             raise NotFound(f"no worker {data['url']}", code="worker_not_found") from None
         except ValueError as exc:
             raise BadRequest(str(exc), code="invalid_url") from None
-        if app.state_sync is not None:
-            app.state_sync.worker_removed(worker.url)
         return _json(worker.describe())
 
     @api.get("/v1/models")

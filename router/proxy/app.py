@@ -17,8 +17,11 @@ from __future__ import annotations
 import logging
 
 from router.config import Settings
+from router.fleet.discovery import Discovery
 from router.fleet.health import HealthChecker
 from router.fleet.kv_events import KVEventsManager
+from router.fleet.membership import Membership
+from router.fleet.models import ModelsWatcher
 from router.fleet.pool import WorkerPool
 from router.fleet.state_sync import StateSync
 from router.fleet.upstream import UpstreamError
@@ -62,6 +65,8 @@ class RouterApp:
         self.access = self.forwarder.access
         self.draining = False  # set on SIGTERM (router.proxy.server): new work is refused
         self.health_checker = HealthChecker(self.pool)
+        self.models = ModelsWatcher(self.pool)  # each worker's /v1/models
+        self.membership = Membership(self.pool, [self.health_checker.kick, self.models.kick])
         # worker truth (/metrics scrapes) and precise mode (KV events): router/fleet/
         # worker_metrics.py, router/fleet/kv_events.py
         self.worker_metrics = WorkerMetricsScraper(self.pool)
@@ -69,10 +74,12 @@ class RouterApp:
         # scale-out: bookings, load, sessions and membership shared with other replicas
         self.state_sync: StateSync | None = None
         if settings.state_url is not None:
-            self.state_sync = StateSync(
-                self.pool, settings, on_worker_added=self.health_checker.kick
-            )
+            self.state_sync = StateSync(self.pool, settings, on_worker_added=self.membership.joined)
             self.pool.on_book = self.state_sync.record
+            self.membership.shared = self.state_sync
+        self.discovery = Discovery(self.membership, settings) if settings.discover else None
+        if self.discovery is not None:
+            self.metrics.watch_discovery(self.discovery)
         self.admin = build_admin(self)
         mount_dashboard(self.admin, self)  # GET /dashboard: the live page
 
@@ -135,11 +142,14 @@ class RouterApp:
 
     async def startup(self) -> None:
         self.health_checker.start()
+        self.models.start()
         self.worker_metrics.start()
         if self.kv_events is not None:
             await self.kv_events.start()
         if self.state_sync is not None:
             await self.state_sync.start()
+        if self.discovery is not None:
+            self.discovery.start()
         log.info(
             "cache-router: %d worker(s), policy %s, shadow %s, tokenizer %s",
             len(self.pool.workers),
@@ -156,7 +166,10 @@ class RouterApp:
             )
 
     async def shutdown(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self.health_checker.stop()
+        await self.models.stop()
         await self.worker_metrics.stop()
         if self.kv_events is not None:
             await self.kv_events.stop()

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from router.config import Settings
+from router.fleet.discovery import Discovery
 from router.fleet.health import HealthChecker
+from router.fleet.membership import Membership
 from router.fleet.pool import WorkerPool
 from router.fleet.state_sync import StateSync
 from router.proxy.access import Access
@@ -25,6 +27,8 @@ class RouterContext(Protocol):
     metrics: RouterMetrics
     access: Access
     health_checker: HealthChecker
+    membership: Membership  # workers joining and leaving (admin API, discovery, replicas)
+    discovery: Discovery | None  # with --discover: the sources that find workers
     state_sync: StateSync | None  # with --state-url: what is shared with other replicas
     draining: bool
 

@@ -52,6 +52,12 @@ class NotFound(RouterError, status=404, error_type="invalid_request_error", code
     """An unknown path, or a worker that is not in the pool."""
 
 
+class ModelNotFound(
+    RouterError, status=404, error_type="invalid_request_error", code="model_not_found"
+):
+    """No worker serves the model the request names (OpenAI's and vLLM's 404)."""
+
+
 class PayloadTooLarge(
     RouterError, status=413, error_type="invalid_request_error", code="request_too_large"
 ):

@@ -51,13 +51,16 @@ import orjson
 
 from policies.base import NoHealthyWorker, RequestFeatures
 from router.cache.feedback import correct_shadow, to_router_tokens
+from router.cache.lora import under_adapter
 from router.config import Settings
-from router.fleet.pool import Worker, WorkerPool
+from router.fleet.pool import ModelNotServed, Worker, WorkerPool
+from router.fleet.stats import ModelStats
 from router.fleet.upstream import ConnectFailed, Connection, ConnectionLost, ReadTimeout
 from router.proxy.access import Access
 from router.proxy.errors import (
     BadGateway,
     GatewayTimeout,
+    ModelNotFound,
     NoHealthyWorkerError,
     PayloadTooLarge,
     RouterError,
@@ -120,6 +123,7 @@ class Exchange:
     # resets / 5xx before any byte, held until the outcome is known (_settle)
     failures: list[tuple[Worker, str]] = field(default_factory=list)
     answered_ok: bool = False  # some worker answered below 500
+    model_stats: ModelStats = field(default_factory=ModelStats)  # the model's counters
 
     def client_left(self) -> None:
         """The client disconnected: cancel the handler unless its response is complete."""
@@ -272,6 +276,9 @@ class Forwarder:
         if tok is None:
             tok = await self.tokenizer.tokenize(request)
         features = features_of(request, tok, block_size)
+        model = request.model
+        if model is not None and model in self.pool.adapter_names:
+            features = under_adapter(features, model)
         body = raw
         drop = False
         if (
@@ -297,6 +304,7 @@ class Forwarder:
             headers=b"".join(lines),
             body=body,
             drop_usage_chunk=drop,
+            model_stats=self.pool.model_stats(model),
         )
 
     async def _watch(self, receive, ex: Exchange) -> None:
@@ -339,6 +347,10 @@ class Forwarder:
                     worker, pick = self.pool.pick(ex.features, ex.tried)
                 except NoHealthyWorker:
                     raise last_error or NoHealthyWorkerError("no healthy worker") from None
+                except ModelNotServed:
+                    model = ex.features.model
+                    message = f"The model `{model}` does not exist (no worker serves it)."
+                    raise ModelNotFound(message) from None
                 self.metrics.pick.observe(time.perf_counter() - t0)
                 decisions = self.pool.stats.decisions
                 decisions[pick.branch] = decisions.get(pick.branch, 0) + 1
@@ -365,6 +377,9 @@ class Forwarder:
         stats.prompt_tokens += features.input_length
         stats.estimated_hit_tokens += pick.hit_tokens
         stats.best_hit_tokens += pick.best_hit_tokens
+        by_model = ex.model_stats
+        by_model.prompt_tokens += features.input_length
+        by_model.estimated_hit_tokens += pick.hit_tokens
         conn: Connection | None = None
         scanner: StreamScanner | None = None
         status_label = "upstream_lost"
@@ -451,7 +466,7 @@ class Forwarder:
             if kept:
                 usage = scan_body(kept[0] if len(kept) == 1 else b"".join(kept))
             if usage is not None:
-                self._report(worker, booking, usage, features.input_length)
+                self._report(ex, worker, booking, usage)
             return None
         except (ConnectionLost, ReadTimeout) as exc:
             # after bytes reached the client: never retried, the stream is cut
@@ -477,16 +492,23 @@ class Forwarder:
                 conn.abort()
             booking.finish()
             stats.count(stats.requests, status_label)
+            stats.count(by_model.requests, status_label)
 
     def _others_left(self, ex: Exchange) -> bool:
         """Whether a healthy worker not tried yet remains (else a 5xx is the answer)."""
         return any(w.state.healthy and w not in ex.tried for w in self.pool.workers)
 
-    def _report(self, worker: Worker, booking, usage: Usage, input_length: int) -> None:
+    def _report(self, ex: Exchange, worker: Worker, booking, usage: Usage) -> None:
         """Record the worker's cached tokens against the estimates; correct the shadow's
         capacity while it is a guess (not yet read from the worker's /metrics)."""
+        input_length = ex.features.input_length
         worker.stats.reported_cached_raw += usage.cached_tokens
         reported = to_router_tokens(usage.cached_tokens, usage.prompt_tokens, input_length)
+        if booking.reported_cached is None:
+            by_model = ex.model_stats
+            by_model.reported_requests += 1
+            by_model.reported_prompt_tokens += input_length
+            by_model.reported_cached_tokens += reported
         booking.report_cached(reported)
         if self.correct and not worker.capacity_reported:
             change = correct_shadow(

@@ -33,6 +33,14 @@ Metrics (labels):
   ``rejected_total`` (reason: ``inflight`` 429, ``connections`` / ``draining`` 503,
   ``header_too_large`` 431, ``read_timeout`` 408, ``malformed_http`` 400),
   ``suspect_requests_total`` (failed alike on several workers: counted against none);
+- by model (:func:`model_metrics`): ``model_requests_total`` (model, status),
+  ``model_prompt_tokens_total``, ``model_estimated_hit_tokens_total``,
+  ``model_reported_requests_total``, ``model_reported_prompt_tokens_total``,
+  ``model_reported_cached_tokens_total`` (model): a model label is one some worker serves,
+  ``none`` or ``other``; ``worker_model`` (worker, model, kind) 1 per served model;
+  ``worker_lora_swaps_total``, ``worker_lora_running`` (worker); with ``--discover``:
+  ``discovery_workers`` (source), ``discovery_errors_total`` (source, kind),
+  ``discovery_changes_total`` (change);
 - what the workers say and how the shadows score against it: :func:`truth_metrics`
   (``worker_prefix_cache_*``, ``worker_requests_*``, ``worker_kv_*``, ``shadow_error_ratio``,
   ``kv_events_total``); ``estimated_cached_tokens_total`` and ``shadow_abs_error_tokens_total``
@@ -174,6 +182,10 @@ class RouterMetrics:
     def watch(self, pool: WorkerPool) -> None:
         """Export ``pool``'s counters and gauges from now on."""
         self.registry.register(PoolCollector(pool, self.policy))
+
+    def watch_discovery(self, discovery) -> None:
+        """Export the ``--discover`` sources' counters (:mod:`router.fleet.discovery`)."""
+        self.registry.register(DiscoveryCollector(discovery))
 
 
 class PoolCollector(Collector):
@@ -338,8 +350,90 @@ class PoolCollector(Collector):
             failures,
         )
         yield from truth_metrics(workers)
+        yield from model_metrics(pool, workers)
         if pool.stats.sync.enabled:
             yield from sync_metrics(pool.stats.sync, workers)
+
+
+def model_metrics(pool: WorkerPool, workers: list) -> Iterator[Metric]:
+    """By model (labels bounded: :class:`router.fleet.stats.PoolStats`), the models each
+    worker serves, and its LoRA adapter slots as the router books them."""
+
+    def family(kind, name: str, doc: str, labels: tuple[str, ...]):
+        return kind(PREFIX + name, doc, labels=labels)
+
+    requests = family(
+        CounterMetricFamily, "model_requests", "Attempts by model and status", ("model", "status")
+    )
+    totals = {
+        "prompt_tokens": "Prompt tokens routed (router tokens)",
+        "estimated_hit_tokens": "Chosen worker's estimated cache hit at dispatch",
+        "reported_requests": "Requests whose worker reported cached tokens",
+        "reported_prompt_tokens": "Prompt tokens of the requests with a report",
+        "reported_cached_tokens": "Cached tokens the workers reported (router tokens)",
+    }
+    counters = {
+        attr: family(CounterMetricFamily, "model_" + attr, doc, ("model",))
+        for attr, doc in totals.items()
+    }
+    for model, stats in pool.stats.models.items():
+        for status, n in stats.requests.items():
+            requests.add_metric([model, status], n)
+        for attr, metric in counters.items():
+            metric.add_metric([model], getattr(stats, attr))
+    served = family(
+        GaugeMetricFamily,
+        "worker_model",
+        "1 per model a worker serves (kind: base or adapter)",
+        ("worker", "model", "kind"),
+    )
+    swaps = family(
+        CounterMetricFamily,
+        "worker_lora_swaps",
+        "LoRA adapters sent to a worker where they were not resident (router's estimate)",
+        ("worker",),
+    )
+    running = family(
+        GaugeMetricFamily, "worker_lora_running", "LoRA adapters with requests booked", ("worker",)
+    )
+    for w in workers:
+        for model in sorted(w.models or ()):
+            served.add_metric([w.url, model, "adapter" if model in w.adapters else "base"], 1)
+        slots = w.state.adapters
+        swaps.add_metric([w.url], slots.swaps)
+        running.add_metric([w.url], len(slots.running))
+    yield from (requests, *counters.values(), served, swaps, running)
+
+
+class DiscoveryCollector(Collector):
+    """The ``--discover`` sources: workers each lists, failures, joins and leaves."""
+
+    def __init__(self, discovery) -> None:
+        self.discovery = discovery
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        d = self.discovery
+        listed = GaugeMetricFamily(
+            PREFIX + "discovery_workers", "Workers a discovery source lists", labels=["source"]
+        )
+        errors = CounterMetricFamily(
+            PREFIX + "discovery_errors",
+            "Failed look-ups by source and kind (the last list stands)",
+            labels=["source", "kind"],
+        )
+        changes = CounterMetricFamily(
+            PREFIX + "discovery_changes", "Workers that joined or left", labels=["change"]
+        )
+        for source in d.sources:
+            listed.add_metric([source.uri], len(d.found[source.uri]))
+            for kind, n in source.stats.errors.items():
+                errors.add_metric([source.uri, kind], n)
+        changes.add_metric(["joined"], d.joined)
+        changes.add_metric(["left"], d.left)
+        yield from (listed, errors, changes)
 
 
 def sync_metrics(sync: SyncStats, workers: list) -> Iterator[Metric]:

@@ -46,6 +46,7 @@ class ParsedRequest:
     wants_usage: bool  # the client itself asked for stream usage
     session_id: str | None
     max_tokens: int
+    model: str | None = None  # the model (or LoRA adapter) it names; None: any worker's
 
 
 def parse_request(kind: str, raw: bytes, session_header_value: str | None) -> ParsedRequest:
@@ -74,6 +75,9 @@ def parse_request(kind: str, raw: bytes, session_header_value: str | None) -> Pa
             raise BadRequest("missing 'text' or 'input_ids'", code="missing_field")
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", code="invalid_type")
     return ParsedRequest(
         kind=kind,
         body=body,
@@ -83,6 +87,7 @@ def parse_request(kind: str, raw: bytes, session_header_value: str | None) -> Pa
         wants_usage=wants_usage,
         session_id=_session(session_header_value, body),
         max_tokens=_max_tokens(body),
+        model=model or None,
     )
 
 

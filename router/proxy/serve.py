@@ -25,13 +25,18 @@ _FLAG_NAMES = {
     "api_keys": "--api-key",
     "picker_params": "--picker-param",
     "worker_kv_capacity_tokens": "--worker-kv-capacity",
+    "worker_models": "--worker-models",
 }
 _METAVARS = {
     "workers": "URL",
     "api_keys": "KEY",
     "picker_params": "NAME=VALUE",
     "worker_kv_capacity_tokens": "URL=TOKENS",
+    "worker_models": "URL=BASE[,ADAPTER...]",
+    "discover": "URI",
 }
+
+_KEY_VALUE_FIELDS = ("picker_params", "worker_kv_capacity_tokens", "worker_models")
 
 
 def _is_list(annotation: Any) -> bool:
@@ -63,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         shown = "none" if default in (None, [], {}) else default
         text = f"{info.description} (default: {shown}; env {env})"
         kw: dict[str, Any] = {"dest": name, "default": None, "help": text}
-        if name in ("picker_params", "worker_kv_capacity_tokens"):
+        if name in _KEY_VALUE_FIELDS:
             p.add_argument(flag, action="append", type=_key_value, metavar=_METAVARS[name], **kw)
         elif _is_list(info.annotation):
             p.add_argument(flag, action="extend", nargs="+", metavar=_METAVARS[name], **kw)
@@ -81,7 +86,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from parsed flags (unset flags leave env / file / defaults in charge)."""
     values = {name: getattr(args, name, None) for name in Settings.model_fields}
-    for name in ("picker_params", "worker_kv_capacity_tokens"):
+    for name in _KEY_VALUE_FIELDS:
         if values[name] is not None:
             values[name] = dict(values[name])
     return load_settings(getattr(args, "config", None), **values)

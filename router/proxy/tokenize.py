@@ -284,4 +284,5 @@ def features_of(request: ParsedRequest, tok: Tokenized, block_size: int) -> Requ
         session_id=request.session_id,
         tokens=tok.tokens,
         block_size=block_size,
+        model=request.model,
     )

@@ -185,8 +185,8 @@ HUGE_NUMBERS = [
 
 
 VALID = {
-    "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hello"}]},
-    "/v1/completions": {"model": "m", "prompt": "hello"},
+    "/v1/chat/completions": {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}]},
+    "/v1/completions": {"model": "fake-model", "prompt": "hello"},
     "/generate": {"text": "hello", "sampling_params": {"max_new_tokens": 4}},
 }
 

@@ -149,6 +149,9 @@ class FakeWorker:
         self.report_cached = True
         self.healthy = True
         self.metrics_text: str | None = None  # GET /metrics answers this when set
+        # GET /v1/models' entries (vLLM's shape: an adapter has "parent"); a request naming
+        # another model is answered 404, as vLLM does
+        self.models: list[dict[str, Any]] = [{"id": MODEL, "object": "model", "parent": None}]
         for key, value in knobs.items():
             if not hasattr(self, key):
                 raise TypeError(f"unknown knob {key}")
@@ -228,10 +231,7 @@ class FakeWorker:
             if path == "/health":
                 conn.write(_response(200 if self.healthy else 503, b"{}"))
             elif path == "/v1/models":
-                body = {
-                    "object": "list",
-                    "data": [{"id": MODEL, "object": "model", "owned_by": self.name}],
-                }
+                body = {"object": "list", "data": self.models}
                 conn.write(_response(200, json.dumps(body).encode()))
             elif path == "/metrics" and self.metrics_text is not None:
                 conn.write(_response(200, self.metrics_text.encode(), "text/plain"))
@@ -278,6 +278,11 @@ class FakeWorker:
         return pseudo_tokens(prompt)
 
     async def _generate(self, conn: _Conn, req: _Request, path: str, body: dict) -> None:
+        model = body.get("model")
+        if isinstance(model, str) and model not in {m.get("id") for m in self.models}:
+            error = {"error": {"message": f"The model `{model}` does not exist.", "code": 404}}
+            conn.write(_response(404, json.dumps(error).encode()))
+            return
         if self._knob(req, "reset", int):
             conn.transport.abort()
             return

@@ -16,7 +16,7 @@ JSON = b"content-type: application/json\r\n"
 
 
 def body(**kw) -> bytes:
-    return json.dumps({"model": "m", "prompt": "hello", **kw}).encode()
+    return json.dumps({"model": "fake-model", "prompt": "hello", **kw}).encode()
 
 
 async def read_all(conn, timeout=5.0) -> bytes:

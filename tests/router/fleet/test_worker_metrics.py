@@ -139,7 +139,7 @@ def test_shadow_error_ratio_in_metrics(fake_workers, router_server) -> None:
     srv = router_server(workers=[w1.url], block_size=4)
     prompt = list(range(100, 180))
     for _ in range(3):
-        r = httpx.post(srv.url + "/v1/completions", json={"model": "m", "prompt": prompt})
+        r = httpx.post(srv.url + "/v1/completions", json={"model": "fake-model", "prompt": prompt})
         assert r.status_code == 200
     g = gauges(srv.url)
     acc = httpx.get(srv.url + "/workers").json()[0]["accuracy"]

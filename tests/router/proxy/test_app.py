@@ -76,7 +76,7 @@ def test_openai_client_streaming_without_and_with_usage(setup):
 def test_stream_passes_through_event_by_event(fake_workers, router_server):
     (worker,) = fake_workers(1, chunks=5, chunk_delay=0.05)
     router = router_server(workers=[worker.url])
-    body = {"model": "m", "prompt": "hi", "stream": True}
+    body = {"model": "fake-model", "prompt": "hi", "stream": True}
     arrivals = []
     with (
         httpx.Client(base_url=router.url, timeout=10) as client,
@@ -103,7 +103,7 @@ def test_generate_text_and_input_ids_with_meta_info(setup):
         ids = list(range(1, 1200))
         r = client.post("/generate", json={"input_ids": ids, "sampling_params": {}})
         assert r.status_code == 200
-        r = client.post("/v1/completions", json={"model": "m", "prompt": ids})
+        r = client.post("/v1/completions", json={"model": "fake-model", "prompt": ids})
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     stats = router.call(lambda: [w.describe() for w in router.app.pool.workers])
     assert sum(s["accuracy"]["requests"] for s in stats) == 4
@@ -114,7 +114,7 @@ def test_generate_text_and_input_ids_with_meta_info(setup):
 def test_workers_endpoint_lists_the_required_fields(setup):
     router, workers = setup
     with httpx.Client(base_url=router.url, timeout=10) as client:
-        client.post("/v1/completions", json={"model": "m", "prompt": PROMPT})
+        client.post("/v1/completions", json={"model": "fake-model", "prompt": PROMPT})
         listed = client.get("/workers").json()
     assert [w["url"] for w in listed] == [w.url for w in workers]
     required = {
@@ -138,7 +138,7 @@ def test_errors_are_openai_shaped(fake_workers, router_server):
         cases = [
             (b"{not json", "/v1/chat/completions", 400, "invalid_json"),
             (b"[1, 2]", "/v1/completions", 400, "invalid_json"),
-            (b'{"model": "m"}', "/v1/chat/completions", 400, "missing_field"),
+            (b'{"model": "fake-model"}', "/v1/chat/completions", 400, "missing_field"),
             (b'{"messages": []}', "/v1/chat/completions", 400, "invalid_type"),
             (b'{"prompt": 5}', "/v1/completions", 400, "invalid_type"),
             (b'{"prompt": [1, -2]}', "/v1/completions", 400, "invalid_type"),
@@ -296,10 +296,10 @@ def test_worker_tokenizer_mode_asks_tokenize_once_per_prompt(fake_workers, route
     router = router_server(workers=[worker.url], tokenizer="worker")
     with httpx.Client(base_url=router.url, timeout=10) as client:
         for _ in range(3):
-            r = client.post("/v1/completions", json={"model": "m", "prompt": PROMPT})
+            r = client.post("/v1/completions", json={"model": "fake-model", "prompt": PROMPT})
             assert r.status_code == 200
     asked = [r for r in worker.requests if r["path"] == "/tokenize"]
-    assert len(asked) == 1 and asked[0]["body"] == {"model": "m", "prompt": PROMPT}
+    assert len(asked) == 1 and asked[0]["body"] == {"model": "fake-model", "prompt": PROMPT}
     state = httpx.get(router.url + "/workers").json()[0]
     # exact tokens: the worker's count of cached tokens and the radix estimate agree
     acc = state["accuracy"]

@@ -70,7 +70,7 @@ def test_children_share_the_port_restart_when_killed_and_drain_on_sigterm(fake_w
             if len(now) == 2 and victim not in now:
                 break
         assert len(now) == 2 and victim not in now and (now & first)
-        body = {"model": "m", "prompt": "hello", "max_tokens": 2}
+        body = {"model": "fake-model", "prompt": "hello", "max_tokens": 2}
         for _ in range(6):  # every child serves
             with httpx.Client(timeout=10) as client:
                 assert client.post(service.url + "/v1/completions", json=body).status_code == 200
@@ -117,7 +117,7 @@ def test_metrics_answer_for_every_process_whichever_one_a_scrape_reaches(fake_wo
     service = two_processes(fake_workers)
     try:
         assert len(pids_behind(service.url, 2)) == 2
-        body = {"model": "m", "prompt": "hello", "max_tokens": 2}
+        body = {"model": "fake-model", "prompt": "hello", "max_tokens": 2}
         for _ in range(10):
             with httpx.Client(timeout=10) as client:  # new connections: both children serve
                 assert client.post(service.url + "/v1/completions", json=body).status_code == 200

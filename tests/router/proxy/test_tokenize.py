@@ -131,12 +131,12 @@ async def test_worker_tokenizer_caches_and_falls_back():
 
     stats = {}
     tokenizer = WorkerTokenizer(ask, "/tokenize", BLOCK, cache_bytes=200, stats=stats)
-    body = {"model": "m", "prompt": "hello"}
+    body = {"model": "fake-model", "prompt": "hello"}
     f = await features(COMPLETION, body, tokenizer)
     assert f.input_length == 30 and f.tokens == token_bytes([7, 8, 9] * 10)
     await features(COMPLETION, body, tokenizer)
-    assert len(calls) == 1 and calls[0] == ("/tokenize", {"model": "m", "prompt": "hello"})
-    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    assert len(calls) == 1 and calls[0] == ("/tokenize", {"model": "fake-model", "prompt": "hello"})
+    chat = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}
     await features(CHAT, chat, tokenizer)
     assert calls[-1][1]["messages"] == chat["messages"]
     assert calls[-1][1]["add_generation_prompt"] is True
