@@ -13,7 +13,10 @@ worker ``i`` in seconds:
               (only when the in-flight KV plus this prompt exceeds the worker's capacity)
     block_i = block_weight * uncached_i / rate_i * live_i
               (only when min_j uncached_j / rate_j >= hopeless_s)
-    cost_i  = ttft_i + share_i + evict_i + wait_i + block_i
+    lora_i  = lora_load_s                       (a LoRA adapter not resident on worker i)
+              + ongoing_decode_i / num_requests_i / 2 * (step_s + seq_s * n_i)
+                                                (... and every slot runs another adapter)
+    cost_i  = ttft_i + share_i + evict_i + wait_i + block_i + lora_i
                                                          g(x) = x^2 / (x^2 + share_tau_s^2)
 
 - ``rate_i`` is the worker's effective prefill rate, learned online from observed time to
@@ -57,6 +60,12 @@ worker ``i`` in seconds:
   requests. A rate learned from a few noisy samples would otherwise draw every new session
   to the worker that measured fastest, and each session brings its later turns with it
   (real vLLM workers on one machine: up to 1.75x the mean requests on one worker).
+- ``lora_i``: a request for a LoRA adapter (:mod:`router.cache.lora`) the worker does not
+  hold pays the adapter's load, ``lora_load_s``; when every slot (``max_loras``) runs
+  another adapter, it also waits for one of them to drain (priced as ``wait_i``). So an
+  adapter's requests go where it is resident, and adapters spread over workers once the
+  slots run out. The adapter's own prefix cache (its blocks are no hit elsewhere) pulls the
+  same way.
 - Affinity: a session stays on the worker it was last sent to while that worker's cost is
   within ``affinity_margin`` (relative) plus ``affinity_slack_s`` of the best; the estimate is
   noisy and every move duplicates the session's prefix on a second worker.
@@ -97,6 +106,7 @@ LIVE_LIMIT = 8
 BALANCE_SLACK_S = 0.005
 CHUNK_TOKENS = 8192
 SEQ_S = 0.00015
+LORA_LOAD_S = 0.05  # loading an adapter from host memory into a GPU slot (the sim worker's)
 INF = float("inf")
 
 
@@ -124,11 +134,12 @@ class TTFTPicker:
         step_s: float = STEP_OVERHEAD_S,
         seq_s: float = SEQ_S,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        lora_load_s: float = LORA_LOAD_S,
     ) -> None:
         if prefill_tokens_per_s <= 0 or chunk_tokens <= 0:
             raise ValueError("prefill_tokens_per_s and chunk_tokens must be positive")
         knobs = (affinity_margin, affinity_slack_s, eviction_weight, memory_weight, share_weight)
-        times = (share_tau_s, hopeless_s, live_s, balance_slack_s)
+        times = (share_tau_s, hopeless_s, live_s, balance_slack_s, lora_load_s)
         if min(*knobs, block_weight, *times, displace_cap_tokens) < 0:
             raise ValueError("margins, weights, times and displace_cap_tokens must be >= 0")
         self.affinity_margin = affinity_margin
@@ -146,6 +157,7 @@ class TTFTPicker:
         self.chunk_tokens = chunk_tokens
         self.step_s = step_s
         self.seq_s = seq_s
+        self.lora_load_s = lora_load_s
         self.sessions = SessionTable(max_sessions)
         self._rr = RoundRobinCounter()
 
@@ -257,6 +269,7 @@ class TTFTPicker:
         learned = learned_rates and getattr(first, "rate", None) is not None  # one kind: check once
         costs: list[float] = []
         own_min = INF  # the request's own prefill on the worker where it is shortest
+        adapter = request.adapter
         for i, worker in enumerate(workers):
             hit = hits[i]
             if hit == UNHEALTHY:
@@ -276,6 +289,12 @@ class TTFTPicker:
                     wait *= wait
                     extra *= wait / (wait + tau2)
                 cost += extra
+            if adapter is not None:
+                slots = getattr(worker, "adapters", None)  # views without slots: no term
+                if slots is not None and not slots.resident(adapter):
+                    cost += self.lora_load_s
+                    if slots.blocked(adapter) and n:
+                        cost += worker.ongoing_decode_tokens / n / 2 * (step_s + seq_s * n)
             costs.append(cost)
         footprints = getattr(first, "footprint", None) is not None
         if self.block_weight and footprints and self.hopeless_s <= own_min < INF:

@@ -53,7 +53,7 @@ def under_adapter(features: RequestFeatures, adapter: str) -> RequestFeatures:
 class AdapterSlots:
     """The adapters a worker holds, as the router books them (see the module doc)."""
 
-    __slots__ = ("max_loras", "recent", "reported", "running", "swaps")
+    __slots__ = ("max_loras", "recent", "reported", "reported_running", "running", "swaps")
 
     def __init__(self, max_loras: int = DEFAULT_MAX_LORAS) -> None:
         self.max_loras = max_loras
@@ -61,6 +61,7 @@ class AdapterSlots:
         self.recent: OrderedDict[str, None] = OrderedDict()  # resident, least recent first
         self.swaps = 0  # bookings of an adapter that was not resident
         self.reported = False  # max_loras and the resident set come from the worker
+        self.reported_running: frozenset[str] = frozenset()  # the worker's last word
 
     def resident(self, adapter: str) -> bool:
         return adapter in self.running or adapter in self.recent
@@ -86,26 +87,23 @@ class AdapterSlots:
         else:
             self.running.pop(adapter, None)
 
-    def report(self, max_loras: int, running: set[str], waiting: set[str]) -> None:
+    def report(self, max_loras: int, running: frozenset[str]) -> None:
         """The worker's own view (``vllm:lora_requests_info``): its slot count, and the
         adapters it runs, which are resident whatever the router booked."""
         self.max_loras = max(1, max_loras)
         self.reported = True
+        self.reported_running = running
         for adapter in running:
             self.recent[adapter] = None
             self.recent.move_to_end(adapter)
         self._trim()
 
     def _trim(self) -> None:
-        keep = max(self.max_loras, len(self.running))
-        while len(self.recent) > keep:
-            oldest = next(iter(self.recent))
-            if oldest in self.running:  # running adapters stay resident
-                self.recent.move_to_end(oldest)
-                if all(a in self.running for a in self.recent):
-                    return
-                continue
-            del self.recent[oldest]
+        """Forget the least recent adapters beyond the slots; running ones stay resident."""
+        busy = self.running.keys() | self.reported_running
+        idle = [a for a in self.recent if a not in busy]
+        for adapter in idle[: max(0, len(self.recent) - max(self.max_loras, len(busy)))]:
+            del self.recent[adapter]
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -56,6 +56,8 @@ class WorkerMetricsScraper:
             if index is not None and index.block_size is None:
                 # a synced index that has seen no stored block yet can answer (nothing cached)
                 index.block_size = reading.block_size
+        if reading.max_lora:  # LoRA slots and the adapters running: the worker's own view
+            worker.state.adapters.report(reading.max_lora, reading.lora_running)
         capacity = reading.capacity_tokens
         if (
             self.size_shadows

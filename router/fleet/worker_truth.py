@@ -10,7 +10,10 @@ The router's shadows are estimates; the workers count the real thing. The scrape
 - ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``: its real queue;
 - ``vllm:kv_cache_usage_perc``: fraction of KV blocks in use (0..1);
 - ``vllm:cache_config_info{block_size, num_gpu_blocks}``: its KV capacity, ``block_size *
-  num_gpu_blocks`` tokens.
+  num_gpu_blocks`` tokens;
+- ``vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}``: its
+  LoRA slots and the adapters running and waiting (comma-separated names). The value is the
+  time of the update and every label set ever set stays exported, so the newest one counts.
 
 SGLang (``--enable-metrics``) names the same figures its own way
 (``python/sglang/srt/metrics/collector.py``), read into the same fields:
@@ -43,6 +46,7 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 USAGE = "vllm:kv_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
+LORA_INFO = "vllm:lora_requests_info"
 SG_REALTIME = "sglang:realtime_tokens"
 SG_HIT_RATE = "sglang:cache_hit_rate"
 SG_RUNNING = "sglang:num_running_reqs"
@@ -51,7 +55,7 @@ SG_USAGE = "sglang:token_usage"
 SG_MAX_TOKENS = "sglang:max_total_num_tokens"
 SG_USED_TOKENS = "sglang:num_used_tokens"
 SGLANG = (SG_REALTIME, SG_HIT_RATE, SG_RUNNING, SG_WAITING, SG_USAGE, SG_MAX_TOKENS, SG_USED_TOKENS)
-FAMILIES = (QUERIES, HITS, RUNNING, WAITING, USAGE, CACHE_CONFIG, *SGLANG)
+FAMILIES = (QUERIES, HITS, RUNNING, WAITING, USAGE, CACHE_CONFIG, LORA_INFO, *SGLANG)
 _MEANS = (USAGE, SG_USAGE, SG_HIT_RATE)  # ratios: averaged over label sets
 _PREFIXES = tuple(name + suffix for name in FAMILIES for suffix in ("{", " ", "_total"))
 
@@ -70,6 +74,9 @@ class WorkerReading:
     engine: str | None = None  # "vllm" or "sglang", from the names it exports
     pool_tokens: int | None = None  # SGLang's KV pool in tokens
     cache_hit_rate: float | None = None  # SGLang's own gauge (versions without counters)
+    max_lora: int | None = None  # vLLM's LoRA slots, with the adapters running and waiting
+    lora_running: frozenset[str] = frozenset()
+    lora_waiting: frozenset[str] = frozenset()
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -88,12 +95,17 @@ def _int_label(labels: dict[str, str], name: str) -> int | None:
     return value if value > 0 else None
 
 
+def _names(labels: dict[str, str], name: str) -> frozenset[str]:
+    return frozenset(part for part in labels.get(name, "").split(",") if part)
+
+
 def parse_worker_metrics(text: str) -> WorkerReading:
     """The vLLM figures of a Prometheus text page (other lines are skipped unparsed)."""
     kept = [line for line in text.splitlines() if line.startswith(_PREFIXES)]
     sums: dict[str, float] = {}
     means: dict[str, list[float]] = {}
     reading = WorkerReading()
+    lora_at = -1.0
     for family in text_string_to_metric_families("\n".join(kept) + "\n"):
         for sample in family.samples:
             name = sample.name
@@ -106,6 +118,12 @@ def parse_worker_metrics(text: str) -> WorkerReading:
             elif name == SG_REALTIME:
                 mode = sample.labels.get("mode", "")
                 sums[f"{name}:{mode}"] = sums.get(f"{name}:{mode}", 0.0) + sample.value
+            elif name == LORA_INFO:
+                if sample.value >= lora_at:  # the newest label set
+                    lora_at = sample.value
+                    reading.max_lora = _int_label(sample.labels, "max_lora")
+                    reading.lora_running = _names(sample.labels, "running_lora_adapters")
+                    reading.lora_waiting = _names(sample.labels, "waiting_lora_adapters")
             elif name == CACHE_CONFIG:
                 reading.block_size = _int_label(sample.labels, "block_size")
                 blocks = _int_label(sample.labels, "num_gpu_blocks")
@@ -190,4 +208,7 @@ class WorkerTruth:
             "num_gpu_blocks": r.num_gpu_blocks,
             "kv_capacity_tokens": r.capacity_tokens,
             "engine": r.engine,
+            "max_lora": r.max_lora,
+            "lora_running": sorted(r.lora_running),
+            "lora_waiting": sorted(r.lora_waiting),
         }

@@ -283,3 +283,22 @@ def test_parameters_are_validated():
 
 def test_footprint_is_a_session_footprint():
     assert isinstance(_state("w", 512).footprint, SessionFootprint)
+
+
+def test_a_lora_request_goes_where_its_adapter_is_resident_and_spreads_when_slots_are_full():
+    from router.cache.features import RequestFeatures
+    from router.cache.lora import AdapterSlots
+
+    def worker(name: str, max_loras: int = 1) -> WorkerState:
+        return WorkerState(name=name, blocks=BlockLRU(100), adapters=AdapterSlots(max_loras))
+
+    a, b = worker("a"), worker("b")
+    picker = TTFTPicker()
+    first = RequestFeatures(blocks=[], input_length=100, adapter="lora-1", session_id="s1")
+    a.book(first, 50)  # lora-1 runs on a: resident there
+    other = RequestFeatures(blocks=[], input_length=100, adapter="lora-1", session_id="s2")
+    assert picker.pick(other, [a, b]).worker == 0  # despite a's load: no adapter load
+    # a's only slot runs lora-1: a lora-2 request would wait for it to drain -> b
+    new = RequestFeatures(blocks=[], input_length=100, adapter="lora-2", session_id="s3")
+    assert picker.pick(new, [a, b]).worker == 1
+    assert picker.costs(new, [a, b], [0, 0])[0] > picker.costs(new, [a, b], [0, 0])[1]

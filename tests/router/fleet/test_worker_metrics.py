@@ -171,3 +171,22 @@ def test_a_reported_capacity_stops_the_feedback_correction(fake_workers, router_
     assert state["shadow_capacity_blocks"] == 65536 // 512
     assert state["radix_capacity_tokens"] == 65536
     assert "cache_router_shadow_corrections_total{" not in httpx.get(srv.url + "/metrics").text
+
+
+def test_parse_lora_info_takes_the_newest_label_set() -> None:
+    """vLLM keeps every label set of vllm:lora_requests_info it ever set, valued with the
+    time of the update; the newest says which adapters run now."""
+    text = page(10, 5, 100) + (
+        "# TYPE vllm:lora_requests_info gauge\n"
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",'
+        'waiting_lora_adapters="c"} 1.7e9\n'
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="c",'
+        'waiting_lora_adapters=""} 1.8e9\n'
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",'
+        'waiting_lora_adapters=""} 1.6e9\n'
+    )
+    reading = parse_worker_metrics(text)
+    assert reading.max_lora == 2
+    assert reading.lora_running == {"c"} and reading.lora_waiting == frozenset()
+    assert reading.prefix_cache_hits == 5  # the rest of the page as before
+    assert parse_worker_metrics(page(10, 5, 100)).max_lora is None
