@@ -7,14 +7,17 @@ document: inline CSS and vanilla JavaScript, no CDN, no fonts, no images, no bui
 
 What it shows. It polls ``GET /workers`` (the same per-worker objects the admin API
 returns) and ``GET /dashboard/data`` (the few pool-wide counters ``/workers`` lacks:
-policy, shadow, picker branch counts, retries) about once a second with ``fetch()``, and
-updates in place:
+policy, shadow, picker branch counts, retries, counters by model) about once a second with
+``fetch()``, and updates in place:
 
-- a table, one row per worker: health, in flight, pending prefill tokens, requests,
+- a table, one row per worker: the models it serves (its LoRA adapters on hover), health,
+  in flight, pending prefill tokens, requests,
   requests/s, prompt tokens, estimated hit rate (the picker's booked estimate / prompt
   tokens), reported hit rate (the worker's own cached tokens, in router units, / prompt
   tokens; shown once the worker reported on at least one request, with that count beside
   it), shadow blocks (pinned / held / capacity);
+- a table, one row per model requests named (a model some worker serves, ``none`` or
+  ``other``: bounded): requests, prompt tokens, estimated and reported hit rates;
 - three small canvas charts over a rolling window (30 s on a fresh page, growing to two
   minutes): in flight per worker, requests/s per worker, and the fleet's estimated vs
   reported hit rate over the last 10 s of traffic (a gap where no prompt tokens arrived).
@@ -101,6 +104,9 @@ th, td { padding: 5px 8px; border-bottom: 1px solid var(--line); white-space: no
 th { text-align: right; color: var(--muted); font-weight: 600; font-size: 12px; }
 td { text-align: right; }
 th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) { text-align: left; }
+#workers th:nth-child(3), #workers td:nth-child(3) { text-align: left; }
+#models { margin-top: 14px; }
+#models td:nth-child(2), #models th:nth-child(2) { text-align: right; }
 td.ok { color: var(--ok); } td.bad { color: var(--bad); }
 td.empty { text-align: center; color: var(--muted); padding: 16px; }
 #decisions { margin-top: 10px; display: flex; gap: 6px 18px; flex-wrap: wrap; color: var(--muted); }
@@ -198,6 +204,10 @@ _SCRIPT = r"""
       sw.style.backgroundColor = colorOf(url);
       name.appendChild(sw);
       name.appendChild(document.createTextNode(url));
+      const models = Array.isArray(w.models) ? w.models : null;
+      const mc = cell(tr, models ? models.join(", ") : "any (not read yet)", "models");
+      if (Array.isArray(w.adapters) && w.adapters.length)
+        mc.title = "LoRA adapters: " + w.adapters.join(", ");
       const fails = num(w.consecutive_failures);
       const health = w.healthy ? "up" : "down" + (fails ? " (" + fails + " failures)" : "");
       const hc = cell(tr, health, "health", w.healthy ? "ok" : "bad");
@@ -217,10 +227,27 @@ _SCRIPT = r"""
     if (!rows.length) {
       const tr = document.createElement("tr");
       const td = cell(tr, "no workers: add one with POST /workers", "empty", "empty");
-      td.colSpan = 11;
+      td.colSpan = 12;
       rows.push(tr);
     }
     body.replaceChildren(...rows);
+  }
+
+  function renderModels(models) {
+    const rows = [];
+    for (const [model, m] of Object.entries(models || {}).sort()) {
+      const tr = document.createElement("tr");
+      tr.dataset.model = model;
+      cell(tr, model, "model");
+      cell(tr, fmtInt(m.requests), "requests");
+      cell(tr, fmtInt(m.prompt_tokens), "prompt_tokens");
+      cell(tr, fmtPct(ratio(num(m.estimated_hit_tokens), num(m.prompt_tokens))), "est_hit");
+      cell(tr, m.reported_requests > 0 ?
+        fmtPct(ratio(num(m.reported_cached_tokens), num(m.reported_prompt_tokens))) : "\u2013",
+        "reported_hit");
+      rows.push(tr);
+    }
+    $("models-body").replaceChildren(...rows);
   }
 
   function renderTiles(workers, rps, fleet) {
@@ -413,6 +440,7 @@ _SCRIPT = r"""
     renderTable(workers, rps);
     renderTiles(workers, rps, fleet);
     renderSummary(summary);
+    renderModels(summary && summary.models);
     renderCharts();
   }
 
@@ -497,8 +525,8 @@ _BODY = """
 <div class="panel" id="table-panel">
   <table id="workers">
     <thead><tr>
-      <th>worker</th><th>health</th><th>in flight</th><th>pending prefill</th><th>requests</th>
-      <th>req/s</th><th>prompt tokens</th>
+      <th>worker</th><th>models</th><th>health</th><th>in flight</th><th>pending prefill</th>
+      <th>requests</th><th>req/s</th><th>prompt tokens</th>
       <th title="the picker's estimated hit tokens / prompt tokens">est. hit</th>
       <th title="cached tokens the worker reported (router units) / prompt tokens">
         reported hit</th>
@@ -506,6 +534,15 @@ _BODY = """
       <th title="pinned / held / capacity">shadow blocks</th>
     </tr></thead>
     <tbody id="workers-body"></tbody>
+  </table>
+  <table id="models">
+    <thead><tr>
+      <th>model</th><th>requests</th><th>prompt tokens</th>
+      <th title="the picker's estimated hit tokens / prompt tokens">est. hit</th>
+      <th title="cached tokens the workers reported / prompt tokens of those requests">
+        reported hit</th>
+    </tr></thead>
+    <tbody id="models-body"></tbody>
   </table>
   <div id="decisions"></div>
 </div>
@@ -555,6 +592,17 @@ def summary(app: RouterContext, started: float) -> dict[str, Any]:
         "decisions": {str(k): v for k, v in stats.decisions.items()},
         "retries": {str(k): v for k, v in stats.retries.items()},
         "unrouted": {str(k): v for k, v in stats.unrouted.items()},
+        "models": {
+            label: {
+                "requests": sum(m.requests.values()),
+                "prompt_tokens": m.prompt_tokens,
+                "estimated_hit_tokens": m.estimated_hit_tokens,
+                "reported_requests": m.reported_requests,
+                "reported_prompt_tokens": m.reported_prompt_tokens,
+                "reported_cached_tokens": m.reported_cached_tokens,
+            }
+            for label, m in stats.models.items()
+        },
         "uptime_s": round(time.monotonic() - started, 1),
     }
 

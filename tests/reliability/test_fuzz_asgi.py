@@ -185,7 +185,10 @@ HUGE_NUMBERS = [
 
 
 VALID = {
-    "/v1/chat/completions": {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}]},
+    "/v1/chat/completions": {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": "hello"}],
+    },
     "/v1/completions": {"model": "fake-model", "prompt": "hello"},
     "/generate": {"text": "hello", "sampling_params": {"max_new_tokens": 4}},
 }

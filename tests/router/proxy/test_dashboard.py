@@ -416,6 +416,17 @@ def test_dashboard_in_chromium(browser: Chromium, workers: list[Service], tmp_pa
             what="a reported hit rate",
         )
         assert tab.eval(REQUESTS_JS) == 10
+        # by model: the workers' column and the models table (the sim workers serve sim-model)
+        served = tab.eval(
+            "[...document.querySelectorAll('#workers-body td[data-col=models]')]"
+            ".map(td => td.textContent)"
+        )
+        assert served == ["sim-model", "sim-model"]
+        model_requests = tab.eval(
+            'document.querySelector(\'#models-body tr[data-model="sim-model"] '
+            "td[data-col=requests]')?.textContent"
+        )
+        assert model_requests == "10"
         assert tab.eval("document.getElementById('status').dataset.state") == "ok"
         est = tab.eval("parseFloat(document.getElementById('tile-est').textContent)")
         rep = tab.eval("parseFloat(document.getElementById('tile-rep').textContent)")
