@@ -47,8 +47,9 @@ class Service:
 
 
 def start_service(name: str, args: Sequence[str], port: int, ready_path: str = "/health",
-                  timeout_s: float = 60.0, log_file: str | None = None) -> Service:  # fmt: skip
-    """Run ``cache-router ARGS`` and wait until ``ready_path`` answers 200.
+                  timeout_s: float = 60.0, log_file: str | None = None,
+                  host: str = HOST) -> Service:  # fmt: skip
+    """Run ``cache-router ARGS`` and wait until ``ready_path`` answers 200 at ``host:port``.
 
     ``log_file``: append the process's stderr there instead of a pipe, for long runs (a pipe
     nobody reads fills up after 64 KB of log lines and then blocks the process).
@@ -62,7 +63,7 @@ def start_service(name: str, args: Sequence[str], port: int, ready_path: str = "
     finally:
         if log_file:
             stderr.close()  # the child has its own descriptor
-    service = Service(name, f"http://{HOST}:{port}", process)
+    service = Service(name, f"http://{host}:{port}", process)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -263,7 +263,7 @@ class WorkerPool:
         """The picker's views for a request naming ``model``: every worker's state, those
         that do not serve it shown as unavailable. Raises :class:`ModelNotServed` when no
         worker serves it (workers whose models are not known yet may)."""
-        if model is None:
+        if model is None or not self.workers:  # no worker at all: a 503, not a 404
             return self.states
         views = self._views_by_model.get(model, False)
         if views is False:
