@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     models_interval_s: float = Field(
         10.0, gt=0, description="seconds between reads of each worker's /v1/models"
     )
+    response_owners_max: int = Field(
+        200_000,
+        ge=1,
+        description="Responses API: how many response ids the router remembers the storing "
+        "worker of (newest kept; a continuation of an older one gets 404 response_not_found)",
+    )
     discover: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="find workers: dns://NAME:PORT (A/AAAA), dns+srv://_SERVICE._tcp.NAME "

@@ -24,6 +24,11 @@ the others need to know, in the background:
   bookings it counts, so a booking's load is added once, until the snapshot that holds it.
   Without this, bursts split over two replicas went to the same worker, each replica blind
   to the other's last ~30 ms (bench/scale_replay.py).
+- **Response owners** (:mod:`router.fleet.response_owners`): the worker that stored each
+  Responses API response goes out with the next flush as a key of its own (``SET``, expiring
+  after ``RESPONSE_OWNER_TTL_S``); an id a replica does not know is read from there (``GET``,
+  tried again a few times within ~0.15 s: the continuation of a response that just ended may
+  arrive before its owner's flush), so a conversation may move between replicas.
 - **Membership**: POST/DELETE /workers on one replica writes the shared worker set; every
   replica reconciles with it every 0.5 s. A starting replica adds its ``--worker`` flags to
   the set; a set lost with Redis's data is re-seeded from the replicas' own lists.
@@ -69,6 +74,8 @@ READ_BLOCK_MS = 500  # a stream read waits this long for news
 MEMBERSHIP_INTERVAL_S = 0.5
 RETRY_S = 0.25  # pause of a loop after a failed Redis call
 CALL_TIMEOUT_S = 1.0  # a Redis call slower than this counts as a failure
+RESPONSE_OWNER_TTL_S = 24 * 3600  # a response owner's key outlives its last write this long
+OWNER_LOOKUP_WAITS_S = (0.0, 0.01, 0.04, 0.1)  # before each GET of an unknown response id
 
 _ALIVE = b"_"  # every load hash has it (a replica without workers is alive): its bookings count
 
@@ -106,10 +113,12 @@ class StateSync:
         self.epoch_key = f"{base}:workers:epoch"
         self.replicas_key = f"{base}:replicas"
         self.load_prefix = f"{base}:load:"
+        self.owner_prefix = f"{base}:response-owner:"
         self.stats = pool.stats.sync
         self.stats.enabled = True
         self.stats.replica = self.replica
         self.outbox: deque[Outgoing] = deque()
+        self._owners_out: dict[str, str] = {}  # response id -> worker URL, to write out
         self._membership_ops: list[tuple[str, str, bytes]] = []  # (hset|hdel, url, meta)
         self._peer_health: dict[tuple[str, str], bool] = {}
         self._peers: list[str] = []  # other live replicas, from the last load exchange
@@ -150,6 +159,32 @@ class StateSync:
         )
         if len(outbox) == 1:  # the flush loop sleeps while there is nothing to send
             self._filled.set()
+
+    # ---- response owners -----------------------------------------------------------------
+
+    def share_owner(self, response_id: str, url: str) -> None:
+        """A response stored on ``url`` (learned here): written out with the next flush."""
+        self._owners_out[response_id] = url
+        self._filled.set()
+
+    async def owner_of(self, response_id: str) -> str | None:
+        """The worker another replica saw store ``response_id``; None if none did (or
+        Redis cannot say)."""
+        client = self._client
+        if client is None:
+            return None
+        for wait in OWNER_LOOKUP_WAITS_S:
+            if wait:
+                await asyncio.sleep(wait)
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT_S):
+                    value = await client.get(self.owner_prefix + response_id)
+            except (RedisError, OSError, TimeoutError) as exc:
+                self._failed("owner_lookup", exc)
+                return None
+            if value is not None:
+                return value.decode()
+        return None
 
     # ---- membership changes made here (admin API) ----------------------------------------
 
@@ -291,13 +326,17 @@ class StateSync:
         )
 
     async def _outbox_filled(self) -> None:
-        while not self.outbox and not self._stopping:
+        while not self.outbox and not self._owners_out and not self._stopping:
             self._filled.clear()
             await self._filled.wait()
 
     async def _flush(self) -> None:
+        if self._client is None:
+            return
+        if self._owners_out:
+            await self._flush_owners()
         batch = self.outbox
-        if not batch or self._client is None:
+        if not batch:
             return
         self.outbox = deque()
         entries = [(e[0], _block_bytes(e[1]), *e[2:]) for e in batch]
@@ -316,6 +355,23 @@ class StateSync:
             raise
         self.stats.count(self.stats.published, "bookings", len(batch))
         self._ok()
+
+    async def _flush_owners(self) -> None:
+        owners, self._owners_out = self._owners_out, {}
+        assert self._client is not None
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for response_id, url in owners.items():
+                    pipe.set(self.owner_prefix + response_id, url, ex=RESPONSE_OWNER_TTL_S)
+                await pipe.execute()
+        except BaseException:  # not written: kept for the next flush (bounded)
+            owners.update(self._owners_out)
+            while len(owners) > OUTBOX_MAX:
+                del owners[next(iter(owners))]
+                self.stats.dropped += 1
+            self._owners_out = owners
+            raise
+        self.stats.count(self.stats.published, "response_owners", len(owners))
 
     async def _read_loop(self) -> None:
         await self._loop("read", self._read, 0)

@@ -1,8 +1,10 @@
 """``create_app(settings)``: the proxy as one ASGI application.
 
-The three generation endpoints go straight to the raw ASGI :class:`~router.proxy.forward.Forwarder`
-(the hot path: no framework routing or request objects); every other path goes to the
-FastAPI app of :mod:`router.proxy.admin`. The lifespan starts the health checks and closes the
+The routed endpoints go straight to the raw ASGI :class:`~router.proxy.forward.Forwarder`
+(the hot path: no framework routing or request objects): generation (chat, completions,
+/generate, responses), the calls on a stored response and the engines' other endpoints
+(:data:`~router.proxy.parse.OTHER_PATHS`); every other path goes to the FastAPI app of
+:mod:`router.proxy.admin`. The lifespan starts the health checks and closes the
 worker connections. Each app has its own pool, picker, tokenizer and metrics registry, so
 several can live in one process (tests do).
 
@@ -23,6 +25,7 @@ from router.fleet.kv_events import KVEventsManager
 from router.fleet.membership import Membership
 from router.fleet.models import ModelsWatcher
 from router.fleet.pool import WorkerPool
+from router.fleet.response_owners import ResponseOwners
 from router.fleet.state_sync import StateSync
 from router.fleet.upstream import UpstreamError
 from router.fleet.worker_metrics import WorkerMetricsScraper
@@ -38,7 +41,7 @@ from router.proxy.errors import (
 )
 from router.proxy.forward import ClientGone, Forwarder, read_body
 from router.proxy.metrics import RouterMetrics
-from router.proxy.parse import GENERATION_PATHS
+from router.proxy.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
 from router.proxy.server import OVERLOADED_SCOPE_KEY
 from router.proxy.tokenize import make_tokenizer
 
@@ -61,7 +64,11 @@ class RouterApp:
             cache_bytes=settings.tokenize_cache_bytes,
             stats=self.pool.stats.tokenize,
         )
-        self.forwarder = Forwarder(settings, self.pool, self.tokenizer, self.metrics)
+        self.owners = ResponseOwners(settings.response_owners_max)  # Responses API
+        self.metrics.watch_owners(self.owners)
+        self.forwarder = Forwarder(
+            settings, self.pool, self.tokenizer, self.metrics, owners=self.owners
+        )
         self.access = self.forwarder.access
         self.draining = False  # set on SIGTERM (router.proxy.server): new work is refused
         self.health_checker = HealthChecker(self.pool)
@@ -77,6 +84,7 @@ class RouterApp:
             self.state_sync = StateSync(self.pool, settings, on_worker_added=self.membership.joined)
             self.pool.on_book = self.state_sync.record
             self.membership.shared = self.state_sync
+            self.owners.shared = self.state_sync
         self.discovery = Discovery(self.membership, settings) if settings.discover else None
         if self.discovery is not None:
             self.metrics.watch_discovery(self.discovery)
@@ -89,8 +97,8 @@ class RouterApp:
             if scope.get(OVERLOADED_SCOPE_KEY):
                 await self._unavailable(send, "connections", "too many client connections")
                 return
-            endpoint = GENERATION_PATHS.get(scope["path"])
-            if endpoint is not None and scope["method"] == "POST":
+            endpoint = self._routed(scope["method"], scope["path"])
+            if endpoint is not None:
                 if self.draining:
                     await self._unavailable(send, "draining", "the router is shutting down")
                     return
@@ -100,6 +108,17 @@ class RouterApp:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
         # websockets: not served (the server closes them)
+
+    @staticmethod
+    def _routed(method: str, path: str) -> str | None:
+        """The Forwarder's endpoint for a request, None for the admin app's."""
+        if method == "POST":
+            endpoint = GENERATION_PATHS.get(path) or OTHER_PATHS.get(path)
+            if endpoint is not None:
+                return endpoint
+        if response_call_id(method, path) is not None:
+            return RESPONSE_CALL
+        return None
 
     async def _unavailable(self, send, reason: str, message: str) -> None:
         self.pool.stats.count_rejected(reason)

@@ -58,6 +58,19 @@ class ModelNotFound(
     """No worker serves the model the request names (OpenAI's and vLLM's 404)."""
 
 
+class ResponseNotFound(
+    RouterError, status=404, error_type="invalid_request_error", code="response_not_found"
+):
+    """A Responses API id the router has not seen a worker store (the engines keep stored
+    responses in each server's memory: only the worker that made one can continue it)."""
+
+
+class ResponseOwnerGone(
+    RouterError, status=404, error_type="invalid_request_error", code="response_owner_gone"
+):
+    """The worker that stored a response has left the fleet, and the response with it."""
+
+
 class PayloadTooLarge(
     RouterError, status=413, error_type="invalid_request_error", code="request_too_large"
 ):
@@ -84,6 +97,12 @@ class NoHealthyWorkerError(
     RouterError, status=503, error_type="service_unavailable", code="no_healthy_worker"
 ):
     """No worker is healthy (or none is configured)."""
+
+
+class ResponseOwnerUnavailable(
+    RouterError, status=503, error_type="service_unavailable", code="response_owner_unavailable"
+):
+    """The worker that stored a response is in the fleet but not healthy now (Retry-After)."""
 
 
 class GatewayTimeout(RouterError, status=504, error_type="upstream_error", code="upstream_timeout"):

@@ -26,6 +26,17 @@ generation) and release the booking. Under the router's own server the connectio
 (:func:`router.proxy.server.client_channel`: no task per request); under any other ASGI
 server a watcher task waits on ``receive()`` for ``http.disconnect``.
 
+The Responses API (``/v1/responses``) is a generation endpoint like the others, with one
+rule more: the engines keep stored responses in each server's memory, so a continuation
+(``previous_response_id``) and every call on a response id (``/v1/responses/{id}``:
+retrieve, delete, cancel, input items) go to the worker that stored it, learned from the
+``id`` of the responses forwarded here (:mod:`router.fleet.response_owners`), with no retry
+elsewhere; an id nobody stored is the router's 404 ``response_not_found``, an owner that
+left the fleet its 404 ``response_owner_gone``, an owner out of service its 503. The
+engines' other endpoints (embeddings, rerank, score, pooling, tokenize, audio:
+:data:`~router.proxy.parse.OTHER_PATHS`) take the same path without a prompt: no blocks,
+their body's length as the load they bring, the model they name.
+
 Admission: at most ``max_inflight`` requests are handled at once (counted from arrival to
 the last byte); one more gets 429 with ``Retry-After`` before its body is read. Client keys
 are checked in constant time (:mod:`router.proxy.access`). Each attempt's outcome feeds the
@@ -49,11 +60,12 @@ from functools import partial
 
 import orjson
 
-from policies.base import NoHealthyWorker, RequestFeatures
+from policies.base import NoHealthyWorker, Pick, RequestFeatures
 from router.cache.feedback import correct_shadow, to_router_tokens
 from router.cache.lora import under_adapter
 from router.config import Settings
 from router.fleet.pool import ModelNotServed, Worker, WorkerPool
+from router.fleet.response_owners import ResponseOwners
 from router.fleet.stats import ModelStats
 from router.fleet.upstream import ConnectFailed, Connection, ConnectionLost, ReadTimeout
 from router.proxy.access import Access
@@ -63,6 +75,9 @@ from router.proxy.errors import (
     ModelNotFound,
     NoHealthyWorkerError,
     PayloadTooLarge,
+    ResponseNotFound,
+    ResponseOwnerGone,
+    ResponseOwnerUnavailable,
     RouterError,
     TooManyRequests,
     Unauthorized,
@@ -70,10 +85,20 @@ from router.proxy.errors import (
     send_error,
 )
 from router.proxy.metrics import RouterMetrics
-from router.proxy.parse import CHAT, COMPLETION, ParsedRequest, parse_request
+from router.proxy.parse import (
+    CHAT,
+    COMPLETION,
+    GENERATION_PATHS,
+    RESPONSE_CALL,
+    RESPONSES,
+    ParsedRequest,
+    parse_other,
+    parse_request,
+    response_call_id,
+)
 from router.proxy.server import RouterCycle, client_channel
-from router.proxy.tokenize import Tokenizer, features_of, tokens_now
-from router.proxy.usage import StreamScanner, Usage, scan_body
+from router.proxy.tokenize import APPROX_BYTES_PER_TOKEN, Tokenizer, features_of, tokens_now
+from router.proxy.usage import StreamScanner, Usage, response_id_in, scan_body
 
 log = logging.getLogger("cache_router.forward")
 
@@ -93,6 +118,8 @@ HOP_BY_HOP = frozenset(
 )
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 MAX_SCANNED_BODY = 4 << 20  # non-streamed bodies longer than this are not scanned for usage
+RESPONSE_ID_WITHIN = 64 << 10  # a response's id is looked for in its first bytes only
+_PROMPT_KINDS = frozenset(GENERATION_PATHS.values())
 
 # (status, headers, first body piece, more_body): starts the client's response
 Respond = Callable[[int, list[tuple[bytes, bytes]], bytes, bool], Awaitable[None]]
@@ -107,6 +134,7 @@ class Exchange:
     """One client request's state across attempts."""
 
     path: bytes
+    method: bytes
     endpoint: str
     start: float
     request: ParsedRequest
@@ -124,6 +152,8 @@ class Exchange:
     failures: list[tuple[Worker, str]] = field(default_factory=list)
     answered_ok: bool = False  # some worker answered below 500
     model_stats: ModelStats = field(default_factory=ModelStats)  # the model's counters
+    owner: Worker | None = None  # the worker that stored the response this one acts on
+    learn_owner: bool = False  # a Responses API create: learn who stores the answer
 
     def client_left(self) -> None:
         """The client disconnected: cancel the handler unless its response is complete."""
@@ -133,7 +163,8 @@ class Exchange:
 
 
 class Forwarder:
-    """The ASGI handler for POST /v1/chat/completions, /v1/completions and /generate."""
+    """The ASGI handler for the routed endpoints: generation (chat, completions, /generate,
+    responses), calls on a stored response, and the engines' other endpoints."""
 
     def __init__(
         self,
@@ -141,9 +172,11 @@ class Forwarder:
         pool: WorkerPool,
         tokenizer: Tokenizer,
         metrics: RouterMetrics,
+        owners: ResponseOwners | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
+        self.owners = owners if owners is not None else ResponseOwners(settings.response_owners_max)
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.session_header = settings.session_header.lower().encode()
@@ -173,7 +206,7 @@ class Forwarder:
         stats = self.pool.stats
         if self.max_inflight and stats.in_flight >= self.max_inflight:
             stats.count_rejected("inflight")
-            self._unrouted("429")
+            self._unrouted(kind, "429")
             await send_error(
                 send, TooManyRequests(f"the router is handling {stats.in_flight} requests")
             )
@@ -192,16 +225,16 @@ class Forwarder:
         try:
             ex = await self._prepare(scope, receive, kind, start, channel)
         except ClientGone:
-            self._unrouted("client_disconnect")
+            self._unrouted(endpoint, "client_disconnect")
             return
         except RouterError as error:
-            self._unrouted(str(error.status))
+            self._unrouted(endpoint, str(error.status))
             await send_error(send, error)
             self.metrics.duration(endpoint).observe(time.perf_counter() - start)
             return
         except Exception:  # a bug: answer JSON, never a bare 500 from the server
             log.exception("unexpected error preparing %s", scope.get("path"))
-            self._unrouted("500")
+            self._unrouted(endpoint, "500")
             await send_error(send, RouterError("internal error in the router"))
             return
         watcher = None
@@ -218,7 +251,7 @@ class Forwarder:
                 await self._attempts(ex, send, respond)
             except RouterError as error:
                 if not ex.tried:
-                    self._unrouted(str(error.status))
+                    self._unrouted(endpoint, str(error.status))
                 await send_error(send, error)
             except Exception:  # a bug: bookings are released by then (finally blocks)
                 log.exception("unexpected error proxying %s", scope.get("path"))
@@ -244,6 +277,7 @@ class Forwarder:
         """Headers, body, parse, features: everything before a worker is chosen."""
         session_value = None
         declared = None
+        content_type = None
         auth = None
         lines: list[bytes] = []
         not_forwarded = _NOT_FORWARDED
@@ -256,6 +290,8 @@ class Forwarder:
                     continue
             elif name == b"content-length":
                 declared = value
+            elif name == b"content-type":
+                content_type = value
             if name not in not_forwarded:
                 lines += (name, b": ", value, b"\r\n")
         if not self.access.client_ok(auth):
@@ -270,12 +306,25 @@ class Forwarder:
             raw = await read_body(receive, limit)
         elif len(raw) > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        request = parse_request(kind, raw, session_value)
         block_size = self.settings.block_size
-        tok = tokens_now(request, self.tokenizer, block_size)
-        if tok is None:
-            tok = await self.tokenizer.tokenize(request)
-        features = features_of(request, tok, block_size)
+        owner = None
+        if kind in _PROMPT_KINDS:
+            request = parse_request(kind, raw, session_value)
+            tok = tokens_now(request, self.tokenizer, block_size)
+            if tok is None:
+                tok = await self.tokenizer.tokenize(request)
+            features = features_of(request, tok, block_size)
+        else:  # no prompt: no blocks, the body's length as its load
+            request = parse_other(kind, raw, content_type, session_value)
+            if kind == RESPONSE_CALL:
+                request.stored_response_id = response_call_id(scope["method"], scope["path"])
+            length = -(-len(raw) // APPROX_BYTES_PER_TOKEN)
+            features = RequestFeatures(
+                blocks=(), input_length=length, session_id=request.session_id,
+                block_size=block_size, model=request.model,
+            )  # fmt: skip
+        if request.stored_response_id is not None:
+            owner = await self._owner(request.stored_response_id)
         model = request.model
         if model is not None and model in self.pool.adapter_names:
             features = under_adapter(features, model)
@@ -297,6 +346,7 @@ class Forwarder:
             path += b"?" + scope["query_string"]
         return Exchange(
             path=path,
+            method=scope["method"].encode(),
             endpoint=kind,
             start=start,
             request=request,
@@ -305,7 +355,25 @@ class Forwarder:
             body=body,
             drop_usage_chunk=drop,
             model_stats=self.pool.model_stats(model),
+            owner=owner,
+            learn_owner=kind == RESPONSES,
         )
+
+    async def _owner(self, response_id: str) -> Worker:
+        """The worker that stored ``response_id``; 404 if none did or it left the fleet."""
+        url = await self.owners.owner(response_id)
+        if url is None:
+            raise ResponseNotFound(
+                f"Response with id '{response_id}' not found: no worker behind this router "
+                "stored it (or the router has forgotten it: --response-owners-max)"
+            )
+        worker = self.pool.get(url)
+        if worker is None or worker.removed:
+            raise ResponseOwnerGone(
+                f"Response with id '{response_id}' was stored by worker {url}, which has left "
+                "the fleet: the engine kept it in that server's memory, so it is gone"
+            )
+        return worker
 
     async def _watch(self, receive, ex: Exchange) -> None:
         """Cancel the exchange when the client disconnects before the response ends."""
@@ -315,9 +383,11 @@ class Forwarder:
                 ex.client_left()
                 return
 
-    def _unrouted(self, status: str) -> None:
-        table = self.pool.stats.unrouted
+    def _unrouted(self, endpoint: str, status: str) -> None:
+        stats = self.pool.stats
+        table = stats.unrouted
         table[status] = table.get(status, 0) + 1
+        stats.count_endpoint(endpoint, status)
 
     # ---- attempts ------------------------------------------------------------------------
 
@@ -337,14 +407,17 @@ class Forwarder:
     async def _attempts(self, ex: Exchange, send, respond: Respond) -> None:
         """Pick, book and try workers until one answers (``max_attempts``); the held
         failures are settled however it ends."""
-        attempts = self.settings.max_attempts
+        attempts = self.settings.max_attempts if ex.owner is None else 1
         last_error: RouterError | None = None
         retries = self.pool.stats.retries
         try:
             for attempt in range(attempts):
                 t0 = time.perf_counter()
                 try:
-                    worker, pick = self.pool.pick(ex.features, ex.tried)
+                    if ex.owner is None:
+                        worker, pick = self.pool.pick(ex.features, ex.tried)
+                    else:
+                        worker, pick = self._owner_pick(ex.owner, ex.request.stored_response_id)
                 except NoHealthyWorker:
                     raise last_error or NoHealthyWorkerError("no healthy worker") from None
                 except ModelNotServed:
@@ -366,6 +439,19 @@ class Forwarder:
         finally:
             self._settle(ex)
 
+    def _owner_pick(self, owner: Worker, response_id: str | None) -> tuple[Worker, Pick]:
+        """The owner of a stored response, the one worker that can take the request."""
+        if owner.removed or owner not in self.pool.workers:
+            raise ResponseOwnerGone(
+                f"the worker that stored response '{response_id}' ({owner.url}) left the fleet"
+            )
+        if not owner.state.healthy:
+            raise ResponseOwnerUnavailable(
+                f"the worker that stored response '{response_id}' ({owner.url}) is out of "
+                "service now (its circuit is open)"
+            )
+        return owner, Pick(self.pool.workers.index(owner), "response_owner")
+
     async def _attempt(
         self, ex: Exchange, worker: Worker, pick, send, respond: Respond, final: bool
     ) -> RouterError | None:
@@ -386,7 +472,7 @@ class Forwarder:
         try:
             try:
                 conn = await worker.upstream.request(
-                    b"POST", ex.path, ex.headers, ex.body, self.read_timeout, booking.insert_radix
+                    ex.method, ex.path, ex.headers, ex.body, self.read_timeout, booking.insert_radix
                 )
                 if ex.client_gone:  # belt and braces: a cancellation lost in a race
                     raise asyncio.CancelledError
@@ -426,6 +512,9 @@ class Forwarder:
                 self._settle(ex)  # the workers that failed before this one count it now
                 if worker.consecutive_failures or not worker.state.healthy:
                     self.pool.record_success(worker)
+            learn = ex.learn_owner and status == 200
+            if learn:
+                learn = self._learn_owner(data, worker)
             sse = ex.request.stream and _is_event_stream(conn.headers)
             scanner = StreamScanner(ex.drop_usage_chunk) if sse else None
             kept: list[bytes] | None = [] if scanner is None and status < 300 else None
@@ -441,11 +530,14 @@ class Forwarder:
             if not more:
                 ex.responded = True
             await respond(status, headers, data, more)
-            size = len(data)
+            size = seen = len(data)
             while more:
                 data, more = await conn.read(self.read_timeout)
                 if ex.client_gone:
                     raise asyncio.CancelledError
+                if learn:  # the id comes first: looked for in the first 64 KiB only
+                    seen += len(data)
+                    learn = seen < RESPONSE_ID_WITHIN and self._learn_owner(data, worker)
                 if scanner is not None:
                     data = scanner.feed(data)
                     if not more:
@@ -465,7 +557,9 @@ class Forwarder:
             usage = scanner.usage if scanner is not None else None
             if kept:
                 usage = scan_body(kept[0] if len(kept) == 1 else b"".join(kept))
-            if usage is not None:
+            if usage is not None and ex.owner is None:
+                # (a continuation's prompt on the worker holds the stored conversation too,
+                # which the router's features do not: no score, no correction from it)
                 self._report(ex, worker, booking, usage)
             return None
         except (ConnectionLost, ReadTimeout) as exc:
@@ -493,6 +587,15 @@ class Forwarder:
             booking.finish()
             stats.count(stats.requests, status_label)
             stats.count(by_model.requests, status_label)
+            self.pool.stats.count_endpoint(ex.endpoint, status_label)
+
+    def _learn_owner(self, data: bytes, worker: Worker) -> bool:
+        """Learn the owner from the response id in ``data``; True: not found yet."""
+        response_id = response_id_in(data)
+        if response_id is None:
+            return True
+        self.owners.learn(response_id, worker.url)
+        return False
 
     def _others_left(self, ex: Exchange) -> bool:
         """Whether a healthy worker not tried yet remains (else a 5xx is the answer)."""

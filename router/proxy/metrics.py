@@ -15,7 +15,13 @@ Metrics (labels):
   ``worker="none"`` for requests answered before any worker was tried (400, 401, 413, 503);
 - ``request_duration_seconds``, ``time_to_first_byte_seconds`` (policy, endpoint);
   ``pick_duration_seconds`` (policy);
-- ``decisions_total`` (policy, branch): the picker's branch;
+- ``endpoint_requests_total`` (endpoint, status): ``requests_total`` by endpoint
+  (``chat``, ``completion``, ``generate``, ``responses``, ``response_call``, ``embeddings``,
+  ``rerank``, ``score``, ``pooling``, ``classify``, ``tokenize``, ``detokenize``, ``audio``);
+  ``response_owners`` (stored responses whose worker the router knows) and
+  ``response_owner_lookups_total`` (result: ``local``, ``shared``, ``unknown``);
+- ``decisions_total`` (policy, branch): the picker's branch (``response_owner``: a call on a
+  stored response, sent to the worker that stored it);
 - ``prompt_tokens_total``, ``estimated_hit_tokens_total``, ``best_hit_tokens_total`` (worker):
   the chosen worker's estimated hit and the best estimate among healthy workers;
 - ``reported_requests_total``, ``reported_cached_tokens_total`` (worker),
@@ -183,6 +189,10 @@ class RouterMetrics:
         """Export ``pool``'s counters and gauges from now on."""
         self.registry.register(PoolCollector(pool, self.policy))
 
+    def watch_owners(self, owners) -> None:
+        """Export the Responses API's owner map (:mod:`router.fleet.response_owners`)."""
+        self.registry.register(OwnersCollector(owners))
+
     def watch_discovery(self, discovery) -> None:
         """Export the ``--discover`` sources' counters (:mod:`router.fleet.discovery`)."""
         self.registry.register(DiscoveryCollector(discovery))
@@ -213,6 +223,11 @@ class PoolCollector(Collector):
         )
         for status, n in pool.stats.unrouted.items():
             requests.add_metric(["none", policy, status], n)
+        endpoints = counter(
+            "endpoint_requests", "Requests by endpoint and status", ["endpoint", "status"]
+        )
+        for (endpoint, status), n in pool.stats.endpoints.items():
+            endpoints.add_metric([endpoint, status], n)
         decisions = counter("decisions", "Picker decisions by branch", ["policy", "branch"])
         for branch, n in pool.stats.decisions.items():
             decisions.add_metric([policy, branch], n)
@@ -322,6 +337,7 @@ class PoolCollector(Collector):
             capacity.add_metric([url], state.blocks.capacity_blocks)
         yield from (
             requests,
+            endpoints,
             decisions,
             retries,
             tokenize,
@@ -403,6 +419,30 @@ def model_metrics(pool: WorkerPool, workers: list) -> Iterator[Metric]:
         swaps.add_metric([w.url], slots.swaps)
         running.add_metric([w.url], len(slots.running))
     yield from (requests, *counters.values(), served, swaps, running)
+
+
+class OwnersCollector(Collector):
+    """Which worker stored each Responses API response: size and look-ups."""
+
+    def __init__(self, owners) -> None:
+        self.owners = owners
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        known = GaugeMetricFamily(
+            PREFIX + "response_owners", "Stored responses whose worker this router knows"
+        )
+        known.add_metric([], len(self.owners))
+        lookups = CounterMetricFamily(
+            PREFIX + "response_owner_lookups",
+            "Look-ups of a stored response's worker by result (local, shared, unknown)",
+            labels=["result"],
+        )
+        for result, n in self.owners.lookups.items():
+            lookups.add_metric([result], n)
+        yield from (known, lookups)
 
 
 class DiscoveryCollector(Collector):

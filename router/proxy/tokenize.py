@@ -44,7 +44,7 @@ from router.cache.block_hash import (
     token_bytes,
 )
 from router.proxy.errors import BadRequest
-from router.proxy.parse import CHAT, ParsedRequest
+from router.proxy.parse import ParsedRequest
 
 APPROX_BYTES_PER_TOKEN = TOKEN_BYTES
 """Approximate mode: bytes of UTF-8 text per token (one pseudo-token = one uint32)."""
@@ -122,8 +122,8 @@ class ApproxTokenizer:
         self.block_size = block_size
 
     def text(self, request: ParsedRequest) -> Tokenized:
-        if request.kind == CHAT:
-            data = serialize_chat(request.body)
+        if request.chat is not None:
+            data = serialize_chat(request.chat)
         else:
             data = request.prompts[0].encode("utf-8", "surrogatepass")
         return from_text_bytes(data, self.block_size)
@@ -147,8 +147,8 @@ class LocalTokenizer:
         self.block_size = block_size
 
     def ids(self, request: ParsedRequest) -> np.ndarray:
-        if request.kind == CHAT:
-            text = self.hf.render_chat(request.body)
+        if request.chat is not None:
+            text = self.hf.render_chat(request.chat)
             return self.hf.encode(text, add_special_tokens=False)
         return self.hf.encode(request.prompts[0], add_special_tokens=True)
 
@@ -191,7 +191,8 @@ class WorkerTokenizer:
         query: dict[str, Any] = {}
         if "model" in body:
             query["model"] = body["model"]
-        if request.kind == CHAT:
+        if request.chat is not None:
+            body = request.chat
             query["messages"] = body["messages"]
             query["add_generation_prompt"] = body.get("add_generation_prompt", True)
             for key in ("tools", "chat_template", "chat_template_kwargs", "continue_final_message"):

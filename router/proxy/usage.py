@@ -1,6 +1,7 @@
 """Reading the worker's own count of cached prompt tokens from its responses.
 
-vLLM (``--enable-prompt-tokens-details``) reports ``usage.prompt_tokens_details.cached_tokens``;
+vLLM (``--enable-prompt-tokens-details``) reports ``usage.prompt_tokens_details.cached_tokens``
+(``usage.input_tokens_details.cached_tokens`` on the Responses API);
 SGLang reports ``meta_info.cached_tokens`` (``/generate``) and the OpenAI ``usage`` shape on
 its OpenAI API. JSON encodes quotes inside strings as ``\\"``, so an unescaped
 ``"cached_tokens": N`` can only be a key: a regex over the bytes finds it without parsing
@@ -20,7 +21,8 @@ from typing import NamedTuple
 import orjson
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_PROMPT = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')  # chat, responses
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[^"\\]{1,200})"')
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 MAX_PENDING = 1 << 20  # an "event" this long without a blank line is not SSE: pass it on
 
@@ -30,6 +32,13 @@ class Usage(NamedTuple):
 
     cached_tokens: int
     prompt_tokens: int | None
+
+
+def response_id_in(data: bytes) -> str | None:
+    """The first Responses API id (``resp_...``) in ``data``: a response body's own id comes
+    before its output items' (``msg_...``, ``fc_...``), a stream's in its first event."""
+    found = _RESPONSE_ID.search(data)
+    return found.group(1).decode("ascii", "replace") if found else None
 
 
 def scan_body(data: bytes) -> Usage | None:

@@ -245,3 +245,18 @@ async def test_redis_down_fails_nothing_and_sharing_resumes(redis):
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_response_owners_are_shared_at_once(redis):
+    a, b = replica(redis.url, "a"), replica(redis.url, "b")
+    await a.start()
+    await b.start()
+    try:
+        a.share_owner("resp_1", WORKERS[1])
+        # asked at once, the look-up waits for the write (a few flush intervals)
+        assert await b.owner_of("resp_1") == WORKERS[1]
+        assert await b.owner_of("resp_unknown") is None
+        assert a.stats.published["response_owners"] == 1
+    finally:
+        await a.stop()
+        await b.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from router.proxy.usage import StreamScanner, Usage, scan_body
+from router.proxy.usage import StreamScanner, Usage, response_id_in, scan_body
 
 
 def event(obj) -> bytes:
@@ -80,3 +80,17 @@ def test_partial_events_are_held_then_flushed():
     assert scanner.flush() == b'data: {"choices": []}'
     huge = b"x" * (2 << 20)  # not SSE at all: passed on rather than held
     assert StreamScanner(drop_usage_chunk=True).feed(huge) == huge
+
+
+def test_responses_usage_and_id():
+    body = (
+        b'{"id":"resp_abc","object":"response","output":[{"type":"message","id":"msg_1",'
+        b'"content":[{"type":"output_text","text":"say \\"id\\":\\"resp_fake\\""}]}],'
+        b'"usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},'
+        b'"output_tokens":3}}'
+    )
+    assert scan_body(body) == Usage(32, 40)
+    assert response_id_in(body) == "resp_abc"
+    event = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_9"'
+    assert response_id_in(event) == "resp_9"
+    assert response_id_in(b'{"id":"msg_1"}') is None

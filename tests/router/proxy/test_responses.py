@@ -1,0 +1,206 @@
+"""The Responses API and the engines' other endpoints through the router, in front of real
+sim workers (each keeps its stored responses in its own memory, as vLLM does).
+
+- a chain of 8 turns with ``previous_response_id`` (streamed and not) all succeeds, on the
+  worker that stored the first, whose prefix cache then serves each turn's conversation;
+  ``GET /v1/responses/{id}`` and ``.../input_items`` of each reach it too;
+- an id nobody stored, an owner removed from the fleet, an owner out of service: the
+  router's own OpenAI-style 404 / 404 / 503, and no booking left behind;
+- the same chain through ``--processes 2`` (one connection per request, so turns land on
+  both processes): the owners are shared;
+- ``/v1/embeddings`` reaches the workers, spread by load; counters by endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from conftest import wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+from traces.fleet import HOST, Service, free_port, sim_workers, start_service
+
+SIM_ARGS = ["--time-scale", "50", "--log-level", "warning"]
+SYSTEM = "You are a careful assistant. " * 60  # a shared prefix of several blocks
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[list[Service]]:
+    with sim_workers(3, SIM_ARGS) as started:
+        yield started
+
+
+def _turn(client: httpx.Client, i: int, previous: str | None, stream: bool) -> tuple[str, dict]:
+    """One turn; the response id and (for a stream: the completed event's) response body."""
+    body = {"model": "sim-model", "instructions": SYSTEM, "max_output_tokens": 4,
+            "input": [{"role": "user", "content": f"turn {i}: tell me more " * 20}],
+            "stream": stream}  # fmt: skip
+    if previous is not None:
+        body["previous_response_id"] = previous
+    r = client.post("/v1/responses", json=body)
+    assert r.status_code == 200, r.text
+    if not stream:
+        data = r.json()
+        return r.headers["x-cache-router-worker"], data
+    events = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] == "response.completed"
+    return r.headers["x-cache-router-worker"], events[-1]["response"]
+
+
+def _chain(url: str, stream: bool, turns: int = 8, fresh_connections: bool = False) -> list:
+    """``turns`` chained turns; (worker, response) each."""
+    out = []
+    previous = None
+    client = httpx.Client(base_url=url, timeout=30)
+    try:
+        for i in range(turns):
+            if fresh_connections:  # a new connection each turn (--processes: any process)
+                client.close()
+                client = httpx.Client(base_url=url, timeout=30)
+            worker, response = _turn(client, i, previous, stream)
+            previous = response["id"]
+            out.append((worker, response))
+    finally:
+        client.close()
+    return out
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chain_of_turns_stays_on_the_worker_that_stored_it(router_server, workers, stream):
+    router = router_server(workers=[w.url for w in workers])
+    chain = _chain(router.url, stream)
+    owners = {worker for worker, _ in chain}
+    assert len(owners) == 1  # every continuation went where its previous response lives
+    cached = [r["usage"]["input_tokens_details"]["cached_tokens"] for _, r in chain]
+    inputs = [r["usage"]["input_tokens"] for _, r in chain]
+    assert inputs == sorted(inputs) and inputs[-1] > inputs[0]  # the conversation grows
+    assert all(c > 0 for c in cached[1:])  # and is served from the owner's cache
+    with httpx.Client(base_url=router.url, timeout=10) as client:
+        for _, response in chain:
+            got = client.get(f"/v1/responses/{response['id']}")
+            assert got.status_code == 200 and got.json()["id"] == response["id"]
+            items = client.get(f"/v1/responses/{response['id']}/input_items")
+            assert items.status_code == 200 and items.json()["data"][0]["role"] == "user"
+        # the router knows each owner; it asked no one else
+        text = client.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    endpoint = {
+        (s.labels["endpoint"], s.labels["status"]): s.value
+        for s in families["cache_router_endpoint_requests"].samples
+    }
+    assert endpoint[("responses", "200")] == 8
+    assert endpoint[("response_call", "200")] == 16
+    decisions = {s.labels["branch"]: s.value for s in families["cache_router_decisions"].samples}
+    assert decisions["response_owner"] == 7 + 16
+    assert families["cache_router_response_owners"].samples[0].value == 8
+    assert router.call(lambda: sum(w.state.num_requests for w in router.app.pool.workers)) == 0
+
+
+def test_a_worker_alone_refuses_an_id_it_did_not_store(workers) -> None:
+    """The rule the router follows: another worker answers 404 (vLLM does the same)."""
+    a, b = workers[0].url, workers[1].url
+    with httpx.Client(timeout=10) as client:
+        body = {"input": "hello", "max_output_tokens": 2}
+        first = client.post(f"{a}/v1/responses", json=body).json()["id"]
+        again = client.post(f"{b}/v1/responses", json={**body, "previous_response_id": first})
+        assert again.status_code == 404
+        assert client.get(f"{b}/v1/responses/{first}").status_code == 404
+        assert client.get(f"{a}/v1/responses/{first}").status_code == 200
+
+
+def test_unknown_ids_and_a_removed_owner_get_the_routers_own_errors(router_server, workers):
+    router = router_server(workers=[w.url for w in workers])
+    with httpx.Client(base_url=router.url, timeout=10) as client:
+        body = {"input": "hello", "max_output_tokens": 2}
+        for r in (
+            client.post("/v1/responses", json={**body, "previous_response_id": "resp_nobody"}),
+            client.get("/v1/responses/resp_nobody"),
+            client.post("/v1/responses/resp_nobody/cancel"),
+        ):
+            assert r.status_code == 404
+            assert r.json()["error"]["code"] == "response_not_found"
+            assert "x-cache-router-worker" not in r.headers
+        first = client.post("/v1/responses", json=body)
+        owner = first.headers["x-cache-router-worker"]
+        response_id = first.json()["id"]
+        assert client.request("DELETE", f"/workers?url={owner}").status_code == 200
+        r = client.post("/v1/responses", json={**body, "previous_response_id": response_id})
+        assert r.status_code == 404
+        error = r.json()["error"]
+        assert error["code"] == "response_owner_gone" and owner in error["message"]
+        assert client.get(f"/v1/responses/{response_id}").json()["error"]["code"] == (
+            "response_owner_gone"
+        )
+        # a new conversation still goes anywhere else
+        assert client.post("/v1/responses", json=body).status_code == 200
+        assert client.post("/v1/responses", json={"max_output_tokens": 2}).status_code == 400
+
+
+def test_an_owner_out_of_service_is_a_503_not_another_worker() -> None:
+    with sim_workers(2, SIM_ARGS) as started:
+        port = free_port()
+        args = ["serve", "--port", str(port), "--log-level", "warning", "--health-interval-s",
+                "0.2", "--worker", *(w.url for w in started)]  # fmt: skip
+        router = start_service("router", args, port)
+        try:
+            with httpx.Client(base_url=router.url, timeout=10) as client:
+                first = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2})
+                owner = first.headers["x-cache-router-worker"]
+                next(w for w in started if w.url == owner).stop()
+
+                def marked_down() -> bool:
+                    workers = client.get("/workers").json()
+                    return any(w["url"] == owner and not w["healthy"] for w in workers)
+
+                assert wait_until(marked_down, 10)
+                body = {"input": "again", "previous_response_id": first.json()["id"]}
+                r = client.post("/v1/responses", json=body)
+                assert r.status_code == 503 and r.headers["retry-after"]
+                assert r.json()["error"]["code"] == "response_owner_unavailable"
+        finally:
+            router.stop()
+
+
+def test_processes_share_the_owners(workers) -> None:
+    port = free_port()
+    args = ["serve", "--host", HOST, "--port", str(port), "--log-level", "warning",
+            "--processes", "2", "--worker", *(w.url for w in workers)]  # fmt: skip
+    router = start_service("router", args, port, timeout_s=60)
+    try:
+        chain = _chain(router.url, stream=False, fresh_connections=True)
+        assert len({worker for worker, _ in chain}) == 1
+        text = httpx.get(router.url + "/metrics", timeout=10).text
+        lookups = {}
+        for family in text_string_to_metric_families(text):
+            if family.name == "cache_router_response_owner_lookups":
+                for s in family.samples:
+                    result = s.labels["result"]
+                    lookups[result] = lookups.get(result, 0) + s.value
+        assert lookups.get("unknown", 0) == 0
+        assert lookups.get("shared", 0) >= 1  # some turn landed on the other process
+    finally:
+        router.stop()
+
+
+def test_embeddings_reach_the_workers_spread_by_load(router_server, workers) -> None:
+    router = router_server(workers=[w.url for w in workers])
+    text = "the quick brown fox " * 400  # a prefill long enough to overlap at time scale 50
+
+    def embed(i: int) -> tuple[int, str, dict]:
+        body = {"model": "sim-model", "input": [f"{i} {text}"]}
+        r = httpx.post(router.url + "/v1/embeddings", json=body, timeout=30)
+        return r.status_code, r.headers.get("x-cache-router-worker", ""), r.json()
+
+    with ThreadPoolExecutor(9) as pool:
+        results = list(pool.map(embed, range(18)))
+    assert all(status == 200 for status, _, _ in results)
+    assert all(len(body["data"][0]["embedding"]) == 8 for _, _, body in results)
+    assert len({worker for _, worker, _ in results}) >= 2
+    r = httpx.post(router.url + "/v1/embeddings", json={"model": 3, "input": "x"}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_type"
+    assert router.call(lambda: sum(w.state.num_requests for w in router.app.pool.workers)) == 0
