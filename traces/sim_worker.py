@@ -61,7 +61,7 @@ from traces.sim_worker_engine import (
     VllmCollector,
     WorkerUnavailable,
 )
-from traces.sim_worker_responses import ResponsesApi
+from traces.sim_worker_responses import ResponsesApi, transcriptions
 from traces.worker_model import WorkerModelConfig, add_model_options, model_config_from_args
 
 
@@ -270,6 +270,10 @@ def create_app(config: SimWorkerConfig | None = None) -> Starlette:
     post, get = ["POST"], ["GET"]
     responses = ResponsesApi(worker, config.model_name, config.context_len, svc._rng)
     one = "/v1/responses/{response_id}"
+
+    async def audio(request: Request) -> Response:
+        return await transcriptions(request, config.model_name)
+
     routes = [
         Route("/v1/responses", responses.create, methods=post),
         Route(one, responses.retrieve, methods=get),
@@ -277,6 +281,7 @@ def create_app(config: SimWorkerConfig | None = None) -> Starlette:
         Route(one + "/cancel", responses.cancel, methods=post),
         Route(one + "/input_items", responses.input_items, methods=get),
         Route("/v1/embeddings", responses.embeddings, methods=post),
+        Route("/v1/audio/transcriptions", audio, methods=post),
         Route("/v1/chat/completions", svc._endpoint(parse_chat), methods=post),
         Route("/v1/completions", svc._endpoint(parse_completion), methods=post),
         Route("/generate", svc._endpoint(parse_generate), methods=post),

@@ -9,13 +9,16 @@ the stored conversation (each turn's input items and its answer) followed by the
 input, so the worker's prefix cache sees a conversation grow as on a real engine.
 
 ``POST /v1/embeddings``: one prefill per input through the same model (no output token),
-a deterministic vector per input.
+a deterministic vector per input. ``POST /v1/audio/transcriptions``: the upload read as it
+arrives (its size, digest and when its first byte came, so a test can tell a body streamed
+through a router from one held whole), the form's ``model`` checked.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ from traces.sim_worker_engine import RealTimeWorker, WorkerUnavailable
 DEFAULT_MAX_OUTPUT_TOKENS = 16
 EMBEDDING_DIM = 8
 _TEXT_PARTS = ("input_text", "output_text", "text")
+_FORM_MODEL = re.compile(rb'name="model"[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]{1,256})\r\n')
 
 
 @dataclass
@@ -232,6 +236,33 @@ class ResponsesApi:
         return JSONResponse(
             {"object": "list", "data": data, "model": self.model_name, "usage": usage}
         )
+
+
+async def transcriptions(request: Request, model_name: str) -> Response:
+    """An audio upload, read piece by piece: its size, sha256 and first byte's arrival."""
+    digest = hashlib.sha256()
+    size = 0
+    first_at = None
+    head = b""
+    async for piece in request.stream():
+        if piece and first_at is None:
+            first_at = time.time()
+        digest.update(piece)
+        size += len(piece)
+        if len(head) < 65536:
+            head += piece[: 65536 - len(head)]
+    found = _FORM_MODEL.search(head)
+    model = found.group(1).decode() if found else None
+    if model is not None and model != model_name:
+        raise ApiError(f"The model `{model}` does not exist.", 404, "NotFoundError")
+    return JSONResponse(
+        {
+            "text": f"{size} bytes",
+            "bytes": size,
+            "sha256": digest.hexdigest(),
+            "first_byte_at": first_at,
+        }
+    )
 
 
 async def _json(request: Request) -> dict[str, Any]:

@@ -81,12 +81,15 @@ class PoolStats:
     # "other"; at most MODEL_LABELS_MAX of them
     models: dict[str, ModelStats] = field(default_factory=dict)
 
-    # (endpoint, status) -> attempts and unrouted requests, as requests_total by worker
-    endpoints: dict[tuple[str, str], int] = field(default_factory=dict)
+    # endpoint -> status -> attempts and unrouted requests (as requests_total by worker)
+    endpoints: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def count_rejected(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
-    def count_endpoint(self, endpoint: str, status: str) -> None:
-        key = (endpoint, status)
-        self.endpoints[key] = self.endpoints.get(key, 0) + 1
+    def endpoint(self, name: str) -> dict[str, int]:
+        """The status counts of endpoint ``name`` (made on first use)."""
+        table = self.endpoints.get(name)
+        if table is None:
+            table = self.endpoints[name] = {}
+        return table

@@ -13,6 +13,9 @@ the one uvicorn uses) for the response, and body pieces handed over as they arri
   being read (the worker's TCP window then slows it), and resumes below :data:`LOW_WATER`.
 - :meth:`Connection.abort` closes the socket at once: the worker sees the client go away
   and cancels the generation (vLLM and SGLang both abort on disconnect).
+- A request body may also be *streamed* (:meth:`UpstreamPool.request` with ``more``: an
+  audio upload goes on as the client sends it, never held whole): on a fresh connection,
+  with the socket's write flow control (a slow worker slows the client).
 - A request on a *reused* connection that dies before any response byte (the worker closed
   an idle keep-alive connection as we wrote) is resent once on a fresh connection: the
   worker never saw it. A fresh connection that fails is :class:`ConnectFailed`.
@@ -27,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -77,6 +80,7 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._paused = False
+        self._drained: asyncio.Future | None = None  # set while the socket's writes pause
         self._begin()
 
     def _begin(self) -> None:
@@ -91,6 +95,7 @@ class Connection(asyncio.Protocol):
         self._buffered = 0
         self._framed = False  # content-length or chunked: the end is known without EOF
         self._keep_alive = False
+        self.body_cut = False  # a streamed request body was not sent whole: never reused
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -109,6 +114,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.resume_writing()  # a streamed body's writer must not wait on a closed socket
         if self.headers_done and not self.complete and not self._framed and self.error is None:
             self.complete = True  # a body delimited by the end of the connection
         elif not self.complete and self.error is None:
@@ -122,11 +128,20 @@ class Connection(asyncio.Protocol):
         # rarely collects, and would keep its buffers (tests/router/proxy/test_leaks.py)
         self.parser = None
 
-    def pause_writing(self) -> None:  # request bodies are small; the kernel buffers them
-        pass
+    def pause_writing(self) -> None:  # only a streamed request body waits on this
+        if self._drained is None:
+            self._drained = self.loop.create_future()
 
     def resume_writing(self) -> None:
-        pass
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait until the socket takes writes again (or closes)."""
+        drained = self._drained
+        if drained is not None and not self.closed:
+            await drained
 
     # ---- httptools callbacks -------------------------------------------------------------
 
@@ -237,6 +252,7 @@ class Connection(asyncio.Protocol):
             and self.error is None
             and not self._chunks
             and self._keep_alive
+            and not self.body_cut
         ):
             self.pool._idle_push(self)
         else:
@@ -366,6 +382,49 @@ class UpstreamPool:
                 raise
         raise ConnectionLost("worker closed the connection")  # pragma: no cover
 
+    async def request_streamed(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: bytes,
+        first: bytes,
+        more: AsyncIterator[bytes],
+        length: int | None,
+        read_timeout: float,
+    ) -> Connection:
+        """:meth:`request` with a body sent as it comes: ``first``, then each piece of
+        ``more`` (``length`` bytes in all if known, else chunked). On a fresh connection (a
+        stale kept-alive one could not be resent to), so a :class:`ConnectFailed` means the
+        worker saw nothing and ``more`` is untouched."""
+        chunked = length is None
+        framing = b"transfer-encoding: chunked" if chunked else b"content-length: %d" % length
+        head = b"%s %s%s HTTP/1.1\r\nhost: %s\r\n%s\r\n%s\r\n" % (
+            method, self.prefix, path, self.host_header, framing, headers,
+        )  # fmt: skip
+        conn = await self._connect()
+        try:
+            conn.transport.writelines((head, _chunk(first) if chunked else first))
+            async for piece in more:
+                if conn.closed or conn.headers_done:
+                    conn.body_cut = True  # the worker answered (or left) before the body ended
+                    break
+                if piece:
+                    conn.transport.write(_chunk(piece) if chunked else piece)
+                    await conn.drain()
+            else:
+                if chunked and not conn.closed:
+                    conn.transport.write(b"0\r\n\r\n")
+            while not conn.headers_done:
+                if conn.error is not None:
+                    raise conn.error
+                if conn.closed:
+                    raise ConnectionLost("worker closed the connection", conn.got_bytes)
+                await conn._wait(read_timeout)
+            return conn
+        except BaseException:
+            conn.abort()
+            raise
+
     async def fetch(
         self, method: str, path: str, body: bytes = b"", timeout: float = 5.0
     ) -> tuple[int, bytes]:
@@ -388,3 +447,8 @@ class UpstreamPool:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.abort()
+
+
+def _chunk(data: bytes) -> bytes:
+    """One piece of a chunked body (an empty one would end it: nothing)."""
+    return b"%x\r\n%s\r\n" % (len(data), data) if data else b""

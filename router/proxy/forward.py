@@ -35,7 +35,9 @@ elsewhere; an id nobody stored is the router's 404 ``response_not_found``, an ow
 left the fleet its 404 ``response_owner_gone``, an owner out of service its 503. The
 engines' other endpoints (embeddings, rerank, score, pooling, tokenize, audio:
 :data:`~router.proxy.parse.OTHER_PATHS`) take the same path without a prompt: no blocks,
-their body's length as the load they bring, the model they name.
+their body's length as the load they bring, the model they name. An audio upload
+(multipart) is not held whole: its first 64 KiB give the form's ``model``, the rest goes to
+the worker as the client sends it (retried elsewhere only while none of the rest was read).
 
 Admission: at most ``max_inflight`` requests are handled at once (counted from arrival to
 the last byte); one more gets 429 with ``Retry-After`` before its body is read. Client keys
@@ -91,6 +93,7 @@ from router.proxy.parse import (
     GENERATION_PATHS,
     RESPONSE_CALL,
     RESPONSES,
+    STREAMED_BODIES,
     ParsedRequest,
     parse_other,
     parse_request,
@@ -119,6 +122,7 @@ HOP_BY_HOP = frozenset(
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 MAX_SCANNED_BODY = 4 << 20  # non-streamed bodies longer than this are not scanned for usage
 RESPONSE_ID_WITHIN = 64 << 10  # a response's id is looked for in its first bytes only
+BODY_PEEK = 64 << 10  # a streamed upload's first bytes, read before a worker is picked
 _PROMPT_KINDS = frozenset(GENERATION_PATHS.values())
 
 # (status, headers, first body piece, more_body): starts the client's response
@@ -152,7 +156,10 @@ class Exchange:
     failures: list[tuple[Worker, str]] = field(default_factory=list)
     answered_ok: bool = False  # some worker answered below 500
     model_stats: ModelStats = field(default_factory=ModelStats)  # the model's counters
+    endpoint_stats: dict[str, int] = field(default_factory=dict)  # the endpoint's, by status
     owner: Worker | None = None  # the worker that stored the response this one acts on
+    body_rest: BodyStream | None = None  # a streamed upload: what follows ``body``
+    body_length: int | None = None  # its declared length (None: chunked)
     learn_owner: bool = False  # a Responses API create: learn who stores the answer
 
     def client_left(self) -> None:
@@ -244,7 +251,8 @@ class Forwarder:
             respond = channel.respond
         else:
             ex.task = asyncio.current_task()
-            watcher = asyncio.get_running_loop().create_task(self._watch(receive, ex))
+            if ex.body_rest is None:  # (a streamed upload's own reads see a disconnect)
+                watcher = asyncio.get_running_loop().create_task(self._watch(receive, ex))
             respond = partial(asgi_respond, send)
         try:
             try:
@@ -259,6 +267,8 @@ class Forwarder:
                     await send_error(send, RouterError("internal error in the router"))
                 else:
                     raise  # the response started: the server closes the connection
+        except ClientGone:  # during a streamed upload (the attempt released its booking)
+            ex.client_gone = True
         except asyncio.CancelledError:
             if not ex.client_gone:
                 raise
@@ -267,7 +277,7 @@ class Forwarder:
             ex.finished = True  # from here on a disconnect must not cancel this task
             if channel is not None:
                 channel.on_disconnect(None)
-            elif not watcher.done():
+            elif watcher is not None and not watcher.done():
                 watcher.cancel()
             self.metrics.duration(endpoint).observe(time.perf_counter() - start)
 
@@ -277,7 +287,6 @@ class Forwarder:
         """Headers, body, parse, features: everything before a worker is chosen."""
         session_value = None
         declared = None
-        content_type = None
         auth = None
         lines: list[bytes] = []
         not_forwarded = _NOT_FORWARDED
@@ -290,8 +299,6 @@ class Forwarder:
                     continue
             elif name == b"content-length":
                 declared = value
-            elif name == b"content-type":
-                content_type = value
             if name not in not_forwarded:
                 lines += (name, b": ", value, b"\r\n")
         if not self.access.client_ok(auth):
@@ -302,8 +309,12 @@ class Forwarder:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
         raw = channel.whole_body() if channel is not None else None
+        rest = None
         if raw is None:
-            raw = await read_body(receive, limit)
+            if kind in STREAMED_BODIES:
+                raw, rest = await open_body(receive, limit, BODY_PEEK)
+            else:
+                raw = await read_body(receive, limit)
         elif len(raw) > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
         block_size = self.settings.block_size
@@ -315,6 +326,7 @@ class Forwarder:
                 tok = await self.tokenizer.tokenize(request)
             features = features_of(request, tok, block_size)
         else:  # no prompt: no blocks, the body's length as its load
+            content_type = next((v for n, v in scope["headers"] if n == b"content-type"), None)
             request = parse_other(kind, raw, content_type, session_value)
             if kind == RESPONSE_CALL:
                 request.stored_response_id = response_call_id(scope["method"], scope["path"])
@@ -355,8 +367,11 @@ class Forwarder:
             body=body,
             drop_usage_chunk=drop,
             model_stats=self.pool.model_stats(model),
+            endpoint_stats=self.pool.stats.endpoint(kind),
             owner=owner,
             learn_owner=kind == RESPONSES,
+            body_rest=rest,
+            body_length=int(declared) if rest is not None and declared is not None else None,
         )
 
     async def _owner(self, response_id: str) -> Worker:
@@ -387,7 +402,8 @@ class Forwarder:
         stats = self.pool.stats
         table = stats.unrouted
         table[status] = table.get(status, 0) + 1
-        stats.count_endpoint(endpoint, status)
+        by_endpoint = stats.endpoint(endpoint)
+        by_endpoint[status] = by_endpoint.get(status, 0) + 1
 
     # ---- attempts ------------------------------------------------------------------------
 
@@ -412,6 +428,8 @@ class Forwarder:
         retries = self.pool.stats.retries
         try:
             for attempt in range(attempts):
+                if ex.body_rest is not None and ex.body_rest.started:
+                    raise last_error  # type: ignore[misc]  # a part of the upload is gone
                 t0 = time.perf_counter()
                 try:
                     if ex.owner is None:
@@ -471,9 +489,17 @@ class Forwarder:
         status_label = "upstream_lost"
         try:
             try:
-                conn = await worker.upstream.request(
-                    ex.method, ex.path, ex.headers, ex.body, self.read_timeout, booking.insert_radix
-                )
+                if ex.body_rest is None:
+                    conn = await worker.upstream.request(
+                        ex.method, ex.path, ex.headers, ex.body, self.read_timeout,
+                        booking.insert_radix,
+                    )  # fmt: skip
+                else:
+                    booking.insert_radix()
+                    conn = await worker.upstream.request_streamed(
+                        ex.method, ex.path, ex.headers, ex.body, ex.body_rest,
+                        ex.body_length, self.read_timeout,
+                    )  # fmt: skip
                 if ex.client_gone:  # belt and braces: a cancellation lost in a race
                     raise asyncio.CancelledError
                 if conn.status >= 500 and not final and self._others_left(ex):
@@ -581,13 +607,17 @@ class Forwarder:
         except asyncio.CancelledError:
             status_label = "client_disconnect" if ex.client_gone else "cancelled"
             raise
+        except ClientGone:  # during a streamed upload
+            status_label = "client_disconnect"
+            raise
         finally:
             if conn is not None:
                 conn.abort()
             booking.finish()
             stats.count(stats.requests, status_label)
             stats.count(by_model.requests, status_label)
-            self.pool.stats.count_endpoint(ex.endpoint, status_label)
+            by_endpoint = ex.endpoint_stats
+            by_endpoint[status_label] = by_endpoint.get(status_label, 0) + 1
 
     def _learn_owner(self, data: bytes, worker: Worker) -> bool:
         """Learn the owner from the response id in ``data``; True: not found yet."""
@@ -652,6 +682,54 @@ def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
         if name == b"content-type":
             return value.startswith(b"text/event-stream")
     return False
+
+
+class BodyStream:
+    """The rest of a request body, piece by piece as the client sends it: ``max_body_bytes``
+    still holds (413), a disconnect is :class:`ClientGone`."""
+
+    def __init__(self, receive, size: int, limit: int) -> None:
+        self.receive = receive
+        self.size = size
+        self.limit = limit
+        self.started = False  # a piece was read: the body cannot be sent again
+        self.done = False
+
+    def __aiter__(self) -> BodyStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.done:
+            raise StopAsyncIteration
+        self.started = True
+        message = await self.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise PayloadTooLarge(f"request body exceeds {self.limit} bytes")
+        self.done = not message.get("more_body", False)
+        return chunk
+
+
+async def open_body(receive, limit: int, peek: int) -> tuple[bytes, BodyStream | None]:
+    """The body's first ``peek`` bytes or more (all of it if shorter), and a stream of the
+    rest (None when there is none)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < peek:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        if not message.get("more_body", False):
+            return b"".join(parts), None
+    return b"".join(parts), BodyStream(receive, size, limit)
 
 
 async def read_body(receive, limit: int) -> bytes:

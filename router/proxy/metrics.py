@@ -226,8 +226,9 @@ class PoolCollector(Collector):
         endpoints = counter(
             "endpoint_requests", "Requests by endpoint and status", ["endpoint", "status"]
         )
-        for (endpoint, status), n in pool.stats.endpoints.items():
-            endpoints.add_metric([endpoint, status], n)
+        for endpoint, table in pool.stats.endpoints.items():
+            for status, n in table.items():
+                endpoints.add_metric([endpoint, status], n)
         decisions = counter("decisions", "Picker decisions by branch", ["policy", "branch"])
         for branch, n in pool.stats.decisions.items():
             decisions.add_metric([policy, branch], n)

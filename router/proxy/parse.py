@@ -23,6 +23,7 @@ The session id comes from the configured header, else the body's ``session_id``,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ GENERATION_PATHS: dict[str, str] = {
 
 # the engines' other POST endpoints (vLLM's and SGLang's names), routed by model and load
 EMBEDDINGS = "embeddings"
+AUDIO = "audio"
 OTHER_PATHS: dict[str, str] = {
     "/v1/embeddings": EMBEDDINGS,
     "/v1/rerank": "rerank",
@@ -56,12 +58,12 @@ OTHER_PATHS: dict[str, str] = {
     "/v1/classify": "classify",
     "/tokenize": "tokenize",
     "/detokenize": "detokenize",
-    "/v1/audio/transcriptions": "audio",
-    "/v1/audio/translations": "audio",
+    "/v1/audio/transcriptions": AUDIO,
+    "/v1/audio/translations": AUDIO,
 }
-RESPONSE_CALL = (
-    "response_call"  # GET/DELETE /v1/responses/{id}, POST .../cancel, GET .../input_items
-)
+STREAMED_BODIES = frozenset({AUDIO})  # uploads sent on as they arrive, never held whole
+# GET/DELETE /v1/responses/{id}, POST .../cancel, GET .../input_items
+RESPONSE_CALL = "response_call"
 _RESPONSES_PREFIX = "/v1/responses/"
 _RESPONSE_CALLS = {("GET", ""), ("DELETE", ""), ("POST", "/cancel"), ("GET", "/input_items")}
 
@@ -167,13 +169,23 @@ def response_call_id(method: str, path: str) -> str | None:
     return response_id
 
 
+# a multipart form's ``model`` field: its part's headers, a blank line, the value
+_FORM_MODEL = re.compile(rb'name="model"[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]{1,256})\r\n')
+
+
 def parse_other(
     kind: str, raw: bytes, content_type: bytes | None, session_header_value: str | None
 ) -> ParsedRequest:
     """A request routed without a prompt: the ``model`` of a JSON body (400 if the body is
     not JSON or names a model that is not a string); other bodies (multipart audio) as
-    they are."""
+    they are, but for a multipart form's ``model`` field found in ``raw`` (an upload's
+    first bytes: clients put the form's fields before the file)."""
     body: dict[str, Any] = {}
+    if content_type is not None and content_type.startswith(b"multipart/form-data"):
+        found = _FORM_MODEL.search(raw)
+        if found is not None:
+            body = {"model": found.group(1).decode("utf-8", "replace")}
+        raw = b""
     if raw and (content_type is None or content_type.startswith(b"application/json")):
         try:
             parsed = orjson.loads(raw)

@@ -13,7 +13,10 @@ sim workers (each keeps its stored responses in its own memory, as vLLM does).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import socket
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -204,3 +207,83 @@ def test_embeddings_reach_the_workers_spread_by_load(router_server, workers) -> 
     r = httpx.post(router.url + "/v1/embeddings", json={"model": 3, "input": "x"}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_type"
     assert router.call(lambda: sum(w.state.num_requests for w in router.app.pool.workers)) == 0
+
+
+def _form(model: str, audio: bytes, boundary: str = "b0undary") -> tuple[bytes, bytes, str]:
+    """A multipart form as OpenAI's client sends it: the fields, then the file."""
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{model}\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        "Content-Type: audio/wav\r\n\r\n"
+    ).encode()
+    return (
+        head,
+        audio + f"\r\n--{boundary}--\r\n".encode(),
+        f"multipart/form-data; boundary={boundary}",
+    )
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_an_upload_streams_through_not_held_whole(router_server, workers, chunked) -> None:
+    """The worker has the upload's first bytes while the client is still sending it, and
+    the whole of it, intact, at the end; chunked or with a length."""
+    router = router_server(workers=[w.url for w in workers])
+    audio = bytes(range(256)) * (3 * 4096)  # 3 MiB
+    head, tail, content_type = _form("sim-model", audio)
+    body = head + tail
+    sent_last = 0.0
+
+    def pieces():
+        nonlocal sent_last
+        yield head + tail[: 128 << 10]  # more than the router peeks at
+        for i in range(128 << 10, len(tail), 512 << 10):
+            time.sleep(0.1)  # a slow client: the worker must see bytes before the end
+            sent_last = time.time()
+            yield tail[i : i + (512 << 10)]
+
+    headers = {"content-type": content_type}
+    if not chunked:
+        headers["content-length"] = str(len(body))
+    r = httpx.post(router.url + "/v1/audio/transcriptions", content=pieces(), headers=headers,
+                   timeout=30)  # fmt: skip
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["bytes"] == len(body) and got["sha256"] == hashlib.sha256(body).hexdigest()
+    assert got["first_byte_at"] < sent_last - 0.2  # it arrived while the client still sent
+    # the form's model is read from the first bytes: a model nobody serves is the router's 404
+    head, tail, content_type = _form("whisper-nobody", b"x" * 100)
+    r = httpx.post(router.url + "/v1/audio/transcriptions", content=head + tail,
+                   headers={"content-type": content_type}, timeout=10)  # fmt: skip
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert router.call(lambda: sum(w.state.num_requests for w in router.app.pool.workers)) == 0
+
+
+def test_a_client_gone_mid_upload_releases_everything(router_server, workers) -> None:
+    router = router_server(workers=[w.url for w in workers])
+    head, tail, content_type = _form("sim-model", b"z" * (4 << 20))
+    request = (
+        f"POST /v1/audio/transcriptions HTTP/1.1\r\nhost: x\r\ncontent-type: {content_type}\r\n"
+        f"content-length: {len(head) + len(tail)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+        sock.sendall(request + head + tail[: 1 << 20])  # a quarter, then gone
+
+        def booked() -> int:
+            return router.call(lambda: sum(w.state.num_requests for w in router.app.pool.workers))
+
+        assert wait_until(lambda: booked() == 1, 5)  # the upload is on its way to a worker
+    assert wait_until(lambda: booked() == 0, 5)
+    text = httpx.get(router.url + "/metrics", timeout=5).text
+    statuses = {
+        s.labels["status"]: s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "cache_router_endpoint_requests"
+        for s in f.samples
+        if s.labels["endpoint"] == "audio"
+    }
+    assert statuses == {"client_disconnect": 1}
+    # and the router serves on
+    head, tail, content_type = _form("sim-model", b"ok")
+    r = httpx.post(router.url + "/v1/audio/transcriptions", content=head + tail,
+                   headers={"content-type": content_type}, timeout=10)  # fmt: skip
+    assert r.status_code == 200
