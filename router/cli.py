@@ -33,6 +33,7 @@ def _command_modules() -> list:
     names = [
         "traces.demo",
         "router.proxy.serve",
+        "router.epp.server",
         "traces.cli",
         "traces.simulate",
         "traces.sim_worker",

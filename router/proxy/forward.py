@@ -1,7 +1,8 @@
 """The hot path: one generation request, from the client's bytes to the worker and back.
 
 A raw ASGI handler (no framework routing, one JSON parse, one tokenization, one hash pass).
-For each request:
+What it decides is the router core's (:mod:`router.proxy.routing`, shared with every front
+end); what it adds is moving the bytes. For each request:
 
 1. read the body (``max_body_bytes`` → 413), parse it (→ 400), turn it into features;
 2. pick a worker among the healthy ones not tried yet and **book** it
@@ -57,29 +58,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import orjson
 
-from policies.base import NoHealthyWorker, Pick, RequestFeatures
-from router.cache.feedback import correct_shadow, to_router_tokens
-from router.cache.lora import under_adapter
 from router.config import Settings
-from router.fleet.pool import ModelNotServed, Worker, WorkerPool
+from router.fleet.pool import Worker, WorkerPool
 from router.fleet.response_owners import ResponseOwners
-from router.fleet.stats import ModelStats
 from router.fleet.upstream import ConnectFailed, Connection, ConnectionLost, ReadTimeout
 from router.proxy.access import Access
 from router.proxy.errors import (
     BadGateway,
     GatewayTimeout,
-    ModelNotFound,
-    NoHealthyWorkerError,
     PayloadTooLarge,
-    ResponseNotFound,
-    ResponseOwnerGone,
-    ResponseOwnerUnavailable,
     RouterError,
     TooManyRequests,
     Unauthorized,
@@ -87,21 +79,11 @@ from router.proxy.errors import (
     send_error,
 )
 from router.proxy.metrics import RouterMetrics
-from router.proxy.parse import (
-    CHAT,
-    COMPLETION,
-    GENERATION_PATHS,
-    RESPONSE_CALL,
-    RESPONSES,
-    STREAMED_BODIES,
-    ParsedRequest,
-    parse_other,
-    parse_request,
-    response_call_id,
-)
+from router.proxy.parse import CHAT, COMPLETION, STREAMED_BODIES
+from router.proxy.routing import PROMPT_KINDS, Routed, RouterCore
 from router.proxy.server import RouterCycle, client_channel
-from router.proxy.tokenize import APPROX_BYTES_PER_TOKEN, Tokenizer, features_of, tokens_now
-from router.proxy.usage import StreamScanner, Usage, response_id_in, scan_body
+from router.proxy.tokenize import Tokenizer
+from router.proxy.usage import StreamScanner, scan_body
 
 log = logging.getLogger("cache_router.forward")
 
@@ -123,7 +105,6 @@ _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 MAX_SCANNED_BODY = 4 << 20  # non-streamed bodies longer than this are not scanned for usage
 RESPONSE_ID_WITHIN = 64 << 10  # a response's id is looked for in its first bytes only
 BODY_PEEK = 64 << 10  # a streamed upload's first bytes, read before a worker is picked
-_PROMPT_KINDS = frozenset(GENERATION_PATHS.values())
 
 # (status, headers, first body piece, more_body): starts the client's response
 Respond = Callable[[int, list[tuple[bytes, bytes]], bytes, bool], Awaitable[None]]
@@ -133,34 +114,24 @@ class ClientGone(Exception):
     """The client went away before its request body was complete."""
 
 
-@dataclass(slots=True)
-class Exchange:
-    """One client request's state across attempts."""
+@dataclass(slots=True, kw_only=True)
+class Exchange(Routed):
+    """One client request's state across attempts: its routing (:class:`Routed`) and the
+    bytes this proxy moves for it."""
 
     path: bytes
     method: bytes
-    endpoint: str
     start: float
-    request: ParsedRequest
-    features: RequestFeatures
     headers: bytes  # forwarded header lines
-    body: bytes  # what the worker receives
-    drop_usage_chunk: bool
+    body: bytes = b""  # what the worker receives
+    drop_usage_chunk: bool = False
     task: asyncio.Task | None = None
     started: bool = False  # the response status and headers went to the client
     responded: bool = False  # the last byte went to the client
     client_gone: bool = False
     finished: bool = False  # the handler is past its last await
-    tried: list[Worker] = field(default_factory=list)
-    # resets / 5xx before any byte, held until the outcome is known (_settle)
-    failures: list[tuple[Worker, str]] = field(default_factory=list)
-    answered_ok: bool = False  # some worker answered below 500
-    model_stats: ModelStats = field(default_factory=ModelStats)  # the model's counters
-    endpoint_stats: dict[str, int] = field(default_factory=dict)  # the endpoint's, by status
-    owner: Worker | None = None  # the worker that stored the response this one acts on
     body_rest: BodyStream | None = None  # a streamed upload: what follows ``body``
     body_length: int | None = None  # its declared length (None: chunked)
-    learn_owner: bool = False  # a Responses API create: learn who stores the answer
 
     def client_left(self) -> None:
         """The client disconnected: cancel the handler unless its response is complete."""
@@ -169,9 +140,10 @@ class Exchange:
             self.task.cancel()  # type: ignore[union-attr]
 
 
-class Forwarder:
+class Forwarder(RouterCore):
     """The ASGI handler for the routed endpoints: generation (chat, completions, /generate,
-    responses), calls on a stored response, and the engines' other endpoints."""
+    responses), calls on a stored response, and the engines' other endpoints; the routing
+    itself is the core's (:class:`~router.proxy.routing.RouterCore`)."""
 
     def __init__(
         self,
@@ -181,11 +153,7 @@ class Forwarder:
         metrics: RouterMetrics,
         owners: ResponseOwners | None = None,
     ) -> None:
-        self.settings = settings
-        self.pool = pool
-        self.owners = owners if owners is not None else ResponseOwners(settings.response_owners_max)
-        self.tokenizer = tokenizer
-        self.metrics = metrics
+        super().__init__(settings, pool, tokenizer, metrics, owners)
         self.session_header = settings.session_header.lower().encode()
         self.access = Access(settings)
         worker_key = settings.worker_api_key
@@ -197,7 +165,6 @@ class Forwarder:
         self.max_inflight = settings.max_inflight
         self.worker_header = settings.worker_header
         self.read_timeout = settings.read_timeout_s
-        self.correct = settings.correct_shadow
 
     # ---- entry ---------------------------------------------------------------------------
 
@@ -213,7 +180,7 @@ class Forwarder:
         stats = self.pool.stats
         if self.max_inflight and stats.in_flight >= self.max_inflight:
             stats.count_rejected("inflight")
-            self._unrouted(kind, "429")
+            self.unrouted(kind, "429")
             await send_error(
                 send, TooManyRequests(f"the router is handling {stats.in_flight} requests")
             )
@@ -232,16 +199,16 @@ class Forwarder:
         try:
             ex = await self._prepare(scope, receive, kind, start, channel)
         except ClientGone:
-            self._unrouted(endpoint, "client_disconnect")
+            self.unrouted(endpoint, "client_disconnect")
             return
         except RouterError as error:
-            self._unrouted(endpoint, str(error.status))
+            self.unrouted(endpoint, str(error.status))
             await send_error(send, error)
             self.metrics.duration(endpoint).observe(time.perf_counter() - start)
             return
         except Exception:  # a bug: answer JSON, never a bare 500 from the server
             log.exception("unexpected error preparing %s", scope.get("path"))
-            self._unrouted(endpoint, "500")
+            self.unrouted(endpoint, "500")
             await send_error(send, RouterError("internal error in the router"))
             return
         watcher = None
@@ -259,7 +226,7 @@ class Forwarder:
                 await self._attempts(ex, send, respond)
             except RouterError as error:
                 if not ex.tried:
-                    self._unrouted(endpoint, str(error.status))
+                    self.unrouted(endpoint, str(error.status))
                 await send_error(send, error)
             except Exception:  # a bug: bookings are released by then (finally blocks)
                 log.exception("unexpected error proxying %s", scope.get("path"))
@@ -317,31 +284,20 @@ class Forwarder:
                 raw = await read_body(receive, limit)
         elif len(raw) > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        block_size = self.settings.block_size
-        owner = None
-        if kind in _PROMPT_KINDS:
-            request = parse_request(kind, raw, session_value)
-            tok = tokens_now(request, self.tokenizer, block_size)
-            if tok is None:
-                tok = await self.tokenizer.tokenize(request)
-            features = features_of(request, tok, block_size)
-        else:  # no prompt: no blocks, the body's length as its load
+        path = scope.get("raw_path") or scope["path"].encode()
+        if scope.get("query_string"):
+            path += b"?" + scope["query_string"]
+        content_type = None
+        if kind not in PROMPT_KINDS:
             content_type = next((v for n, v in scope["headers"] if n == b"content-type"), None)
-            request = parse_other(kind, raw, content_type, session_value)
-            if kind == RESPONSE_CALL:
-                request.stored_response_id = response_call_id(scope["method"], scope["path"])
-            length = -(-len(raw) // APPROX_BYTES_PER_TOKEN)
-            features = RequestFeatures(
-                blocks=(), input_length=length, session_id=request.session_id,
-                block_size=block_size, model=request.model,
-            )  # fmt: skip
-        if request.stored_response_id is not None:
-            owner = await self._owner(request.stored_response_id)
-        model = request.model
-        if model is not None and model in self.pool.adapter_names:
-            features = under_adapter(features, model)
-        body = raw
-        drop = False
+        ex = await self.understand(
+            kind, raw, session_value, scope["method"], scope["path"], content_type,
+            into=Exchange, path=path, method=scope["method"].encode(), start=start,
+            headers=b"".join(lines), body_rest=rest,
+            body_length=int(declared) if rest is not None and declared is not None else None,
+        )  # fmt: skip
+        request = ex.request
+        ex.body = raw
         if (
             request.stream
             and kind in (CHAT, COMPLETION)
@@ -351,44 +307,9 @@ class Forwarder:
             options = request.body.get("stream_options")
             options = dict(options) if isinstance(options, dict) else {}
             options["include_usage"] = True
-            body = orjson.dumps({**request.body, "stream_options": options})
-            drop = True
-        path = scope.get("raw_path") or scope["path"].encode()
-        if scope.get("query_string"):
-            path += b"?" + scope["query_string"]
-        return Exchange(
-            path=path,
-            method=scope["method"].encode(),
-            endpoint=kind,
-            start=start,
-            request=request,
-            features=features,
-            headers=b"".join(lines),
-            body=body,
-            drop_usage_chunk=drop,
-            model_stats=self.pool.model_stats(model),
-            endpoint_stats=self.pool.stats.endpoint(kind),
-            owner=owner,
-            learn_owner=kind == RESPONSES,
-            body_rest=rest,
-            body_length=int(declared) if rest is not None and declared is not None else None,
-        )
-
-    async def _owner(self, response_id: str) -> Worker:
-        """The worker that stored ``response_id``; 404 if none did or it left the fleet."""
-        url = await self.owners.owner(response_id)
-        if url is None:
-            raise ResponseNotFound(
-                f"Response with id '{response_id}' not found: no worker behind this router "
-                "stored it (or the router has forgotten it: --response-owners-max)"
-            )
-        worker = self.pool.get(url)
-        if worker is None or worker.removed:
-            raise ResponseOwnerGone(
-                f"Response with id '{response_id}' was stored by worker {url}, which has left "
-                "the fleet: the engine kept it in that server's memory, so it is gone"
-            )
-        return worker
+            ex.body = orjson.dumps({**request.body, "stream_options": options})
+            ex.drop_usage_chunk = True
+        return ex
 
     async def _watch(self, receive, ex: Exchange) -> None:
         """Cancel the exchange when the client disconnects before the response ends."""
@@ -398,56 +319,18 @@ class Forwarder:
                 ex.client_left()
                 return
 
-    def _unrouted(self, endpoint: str, status: str) -> None:
-        stats = self.pool.stats
-        table = stats.unrouted
-        table[status] = table.get(status, 0) + 1
-        by_endpoint = stats.endpoint(endpoint)
-        by_endpoint[status] = by_endpoint.get(status, 0) + 1
-
     # ---- attempts ------------------------------------------------------------------------
-
-    def _settle(self, ex: Exchange) -> None:
-        """Count the held failures against the workers' circuits, unless the request failed
-        alike on several workers and succeeded nowhere (then it is suspect, not them)."""
-        failures = ex.failures
-        if not failures:
-            return
-        ex.failures = []
-        if not ex.answered_ok and len({id(w) for w, _ in failures}) > 1:
-            self.pool.stats.suspect += 1
-            return
-        for worker, reason in failures:
-            self.pool.record_failure(worker, reason, request=True)
 
     async def _attempts(self, ex: Exchange, send, respond: Respond) -> None:
         """Pick, book and try workers until one answers (``max_attempts``); the held
         failures are settled however it ends."""
         attempts = self.settings.max_attempts if ex.owner is None else 1
         last_error: RouterError | None = None
-        retries = self.pool.stats.retries
         try:
             for attempt in range(attempts):
                 if ex.body_rest is not None and ex.body_rest.started:
                     raise last_error  # type: ignore[misc]  # a part of the upload is gone
-                t0 = time.perf_counter()
-                try:
-                    if ex.owner is None:
-                        worker, pick = self.pool.pick(ex.features, ex.tried)
-                    else:
-                        worker, pick = self._owner_pick(ex.owner, ex.request.stored_response_id)
-                except NoHealthyWorker:
-                    raise last_error or NoHealthyWorkerError("no healthy worker") from None
-                except ModelNotServed:
-                    model = ex.features.model
-                    message = f"The model `{model}` does not exist (no worker serves it)."
-                    raise ModelNotFound(message) from None
-                self.metrics.pick.observe(time.perf_counter() - t0)
-                decisions = self.pool.stats.decisions
-                decisions[pick.branch] = decisions.get(pick.branch, 0) + 1
-                if last_error is not None:  # this is a retry, and why
-                    retries[last_error.code] = retries.get(last_error.code, 0) + 1
-                ex.tried.append(worker)
+                worker, pick = self.choose(ex, last_error)
                 final = attempt == attempts - 1
                 error = await self._attempt(ex, worker, pick, send, respond, final)
                 if error is None:
@@ -455,35 +338,14 @@ class Forwarder:
                 last_error = error
             raise last_error  # type: ignore[misc]
         finally:
-            self._settle(ex)
-
-    def _owner_pick(self, owner: Worker, response_id: str | None) -> tuple[Worker, Pick]:
-        """The owner of a stored response, the one worker that can take the request."""
-        if owner.removed or owner not in self.pool.workers:
-            raise ResponseOwnerGone(
-                f"the worker that stored response '{response_id}' ({owner.url}) left the fleet"
-            )
-        if not owner.state.healthy:
-            raise ResponseOwnerUnavailable(
-                f"the worker that stored response '{response_id}' ({owner.url}) is out of "
-                "service now (its circuit is open)"
-            )
-        return owner, Pick(self.pool.workers.index(owner), "response_owner")
+            self.settle(ex)
 
     async def _attempt(
         self, ex: Exchange, worker: Worker, pick, send, respond: Respond, final: bool
     ) -> RouterError | None:
         """One try on ``worker``; a RouterError to retry, None when the client was answered."""
         stats = worker.stats
-        features = ex.features
-        booking = self.pool.book(worker, features, ex.request.max_tokens, radix_later=True)
-        booking.ttft_valid = ex.request.stream  # else the first byte is the whole answer
-        stats.prompt_tokens += features.input_length
-        stats.estimated_hit_tokens += pick.hit_tokens
-        stats.best_hit_tokens += pick.best_hit_tokens
-        by_model = ex.model_stats
-        by_model.prompt_tokens += features.input_length
-        by_model.estimated_hit_tokens += pick.hit_tokens
+        booking = self.book(ex, worker, pick, radix_later=True)
         conn: Connection | None = None
         scanner: StreamScanner | None = None
         status_label = "upstream_lost"
@@ -531,16 +393,10 @@ class Forwarder:
             now = time.perf_counter()
             self.metrics.ttfb(ex.endpoint).observe(now - ex.start)
             status = conn.status
-            if status >= 500:  # relayed (no other worker left), but a failure all the same
-                ex.failures.append((worker, f"HTTP {status}"))
-            else:
-                ex.answered_ok = True
-                self._settle(ex)  # the workers that failed before this one count it now
-                if worker.consecutive_failures or not worker.state.healthy:
-                    self.pool.record_success(worker)
+            self.answered(ex, worker, status)  # (a 5xx relayed: no other worker left)
             learn = ex.learn_owner and status == 200
             if learn:
-                learn = self._learn_owner(data, worker)
+                learn = self.learn_owner(data, worker)
             sse = ex.request.stream and _is_event_stream(conn.headers)
             scanner = StreamScanner(ex.drop_usage_chunk) if sse else None
             kept: list[bytes] | None = [] if scanner is None and status < 300 else None
@@ -563,7 +419,7 @@ class Forwarder:
                     raise asyncio.CancelledError
                 if learn:  # the id comes first: looked for in the first 64 KiB only
                     seen += len(data)
-                    learn = seen < RESPONSE_ID_WITHIN and self._learn_owner(data, worker)
+                    learn = seen < RESPONSE_ID_WITHIN and self.learn_owner(data, worker)
                 if scanner is not None:
                     data = scanner.feed(data)
                     if not more:
@@ -583,10 +439,8 @@ class Forwarder:
             usage = scanner.usage if scanner is not None else None
             if kept:
                 usage = scan_body(kept[0] if len(kept) == 1 else b"".join(kept))
-            if usage is not None and ex.owner is None:
-                # (a continuation's prompt on the worker holds the stored conversation too,
-                # which the router's features do not: no score, no correction from it)
-                self._report(ex, worker, booking, usage)
+            if usage is not None:
+                self.report(ex, worker, booking, usage)
             return None
         except (ConnectionLost, ReadTimeout) as exc:
             # after bytes reached the client: never retried, the stream is cut
@@ -613,47 +467,11 @@ class Forwarder:
         finally:
             if conn is not None:
                 conn.abort()
-            booking.finish()
-            stats.count(stats.requests, status_label)
-            stats.count(by_model.requests, status_label)
-            by_endpoint = ex.endpoint_stats
-            by_endpoint[status_label] = by_endpoint.get(status_label, 0) + 1
-
-    def _learn_owner(self, data: bytes, worker: Worker) -> bool:
-        """Learn the owner from the response id in ``data``; True: not found yet."""
-        response_id = response_id_in(data)
-        if response_id is None:
-            return True
-        self.owners.learn(response_id, worker.url)
-        return False
+            self.release(ex, worker, booking, status_label)
 
     def _others_left(self, ex: Exchange) -> bool:
         """Whether a healthy worker not tried yet remains (else a 5xx is the answer)."""
         return any(w.state.healthy and w not in ex.tried for w in self.pool.workers)
-
-    def _report(self, ex: Exchange, worker: Worker, booking, usage: Usage) -> None:
-        """Record the worker's cached tokens against the estimates; correct the shadow's
-        capacity while it is a guess (not yet read from the worker's /metrics)."""
-        input_length = ex.features.input_length
-        worker.stats.reported_cached_raw += usage.cached_tokens
-        reported = to_router_tokens(usage.cached_tokens, usage.prompt_tokens, input_length)
-        if booking.reported_cached is None:
-            by_model = ex.model_stats
-            by_model.reported_requests += 1
-            by_model.reported_prompt_tokens += input_length
-            by_model.reported_cached_tokens += reported
-        booking.report_cached(reported)
-        if self.correct and not worker.capacity_reported:
-            change = correct_shadow(
-                booking, reported, worker.capacity_blocks, worker.capacity_tokens
-            )
-            stats = worker.stats
-            if change.blocks_delta:
-                direction = "shrink" if change.blocks_delta < 0 else "grow"
-                stats.count(stats.corrections, ("blocks", direction))
-            if change.radix_tokens_delta:
-                direction = "shrink" if change.radix_tokens_delta < 0 else "grow"
-                stats.count(stats.corrections, ("radix", direction))
 
     def _response_headers(
         self, upstream: list[tuple[bytes, bytes]], worker: Worker, transformed: bool

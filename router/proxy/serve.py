@@ -60,8 +60,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_settings_arguments(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def add_settings_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """``--config`` and a flag for every field of :class:`Settings` but ``skip`` (the
+    ``epp`` command shares them)."""
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file of options (default: none)")
     for name, info in Settings.model_fields.items():
+        if name in skip:
+            continue
         flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
         default = info.get_default(call_default_factory=True)
         env = ENV_PREFIX + name.upper()
@@ -79,8 +89,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         else:
             kind = info.annotation if info.annotation in (int, float) else str
             p.add_argument(flag, type=kind, metavar=name.split("_")[-1].upper(), **kw)
-    p.set_defaults(func=main)
-    return p
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -128,9 +136,7 @@ def run(settings: Settings) -> None:
     from router.proxy.app import create_app
     from router.proxy.server import build_config, serve
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(settings)
     try:
         import uvloop  # noqa: F401
 
@@ -150,12 +156,18 @@ def run(settings: Settings) -> None:
         ]
         if settings.process_socket:
             sockets.append(unix_socket(Path(settings.process_socket), config.backlog))
-    _raise_fd_limit(settings)
-    _tune_gc()
+    raise_fd_limit(settings)
+    tune_gc()
     serve(app, config, sockets)
 
 
-def _raise_fd_limit(settings: Settings) -> None:
+def setup_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def raise_fd_limit(settings: Settings) -> None:
     """Room for ``max_connections`` client sockets, each with a worker connection.
 
     A soft ``ulimit -n`` of 1024 (a common default) would make accept() fail long before
@@ -177,7 +189,7 @@ def _raise_fd_limit(settings: Settings) -> None:
         )
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Fewer, cheaper garbage collections for a long-running proxy.
 
     The shadows hold many long-lived objects (radix nodes, LRU entries) that every full

@@ -84,7 +84,11 @@ def loopback_workers() -> Iterator[tuple[int, list[Service]]]:
 def _fleets(url: str) -> dict[str, set[str]]:
     """Each process's workers (``--processes``: /metrics gathers every process's, labelled)."""
     fleets: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=5).text):
+    try:
+        text = httpx.get(url + "/metrics", timeout=5).text
+    except httpx.HTTPError:  # a slow scrape on a busy machine: the poll asks again
+        return fleets
+    for family in text_string_to_metric_families(text):
         if family.name == "cache_router_worker_healthy":
             for s in family.samples:
                 fleets.setdefault(s.labels.get("process", "0"), set()).add(s.labels["worker"])

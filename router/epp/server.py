@@ -1,0 +1,140 @@
+"""``cache-router epp``: the router's picker as an endpoint picker for inference gateways.
+
+    cache-router epp --worker http://10.0.0.5:8000 http://10.0.0.6:8000 [--plaintext]
+
+A gateway conformant with the Gateway API Inference Extension (Envoy Gateway, kgateway,
+Istio, GKE, agentgateway; or a plain Envoy with an ext_proc filter) asks this server, over
+Envoy's external processing gRPC service, which model server each request goes to
+(:mod:`router.epp.processor`), and moves the bytes itself. One process runs two servers on
+one event loop and one router core:
+
+- ``--port`` (9002): gRPC, ``envoy.service.ext_proc.v3.ExternalProcessor`` and the standard
+  health service; TLS with a certificate made at start (or ``--cert-path``/``--key-path``),
+  or ``--plaintext``;
+- ``--http-port`` (9090): the router's HTTP side, as ``serve`` has it: ``/metrics`` (the same
+  ``cache_router_*`` families), ``/health``, ``/workers`` and the admin API, ``/dashboard``.
+
+Every other option is ``serve``'s (workers, discovery, picker, shadows, worker metrics, KV
+events, ``--state-url``). SIGTERM: the health service says NOT_SERVING, new streams are
+refused, streams in flight get ``shutdown_timeout_s`` to finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from router.config import Settings
+
+log = logging.getLogger("cache_router.epp")
+
+GRPC_PORT = 9002
+HTTP_PORT = 9090
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from router.proxy.serve import add_settings_arguments
+
+    p = sub.add_parser(
+        "epp",
+        help="run the router's picker as an endpoint picker (ext_proc) for inference gateways",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_settings_arguments(p, skip=("port",))
+    p.add_argument(
+        "--port", dest="grpc_port", type=int, default=GRPC_PORT, help="gRPC (ext_proc) port"
+    )
+    p.add_argument(
+        "--http-port", dest="port", type=int, default=HTTP_PORT,
+        help="HTTP port: /metrics, /health, /workers, admin, dashboard",
+    )  # fmt: skip
+    p.add_argument("--plaintext", action="store_true", help="gRPC without TLS")
+    p.add_argument("--cert-path", help="PEM certificate for gRPC TLS (default: made at start)")
+    p.add_argument("--key-path", help="PEM key of --cert-path")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from router.epp.tls import key_and_certificate
+    from router.proxy.serve import settings_from_args
+    from router.proxy.uvicorn_support import problem
+
+    unsupported = problem()
+    if unsupported is not None:
+        print(f"cache-router epp: {unsupported}", file=sys.stderr)
+        return 2
+    try:
+        settings = settings_from_args(args)
+        tls = None if args.plaintext else key_and_certificate(args.cert_path, args.key_path)
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"cache-router epp: {exc}", file=sys.stderr)
+        return 2
+    if settings.process_count() > 1:
+        print(
+            "cache-router epp: --processes is not supported yet; run several EPP replicas on "
+            "one --state-url instead",
+            file=sys.stderr,
+        )
+        return 2
+    run(settings, args.grpc_port, tls)
+    return 0
+
+
+def run(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | None) -> None:
+    """Serve gRPC and HTTP until SIGTERM / SIGINT, then drain and return."""
+    import uvloop
+
+    from router.proxy.serve import raise_fd_limit, setup_logging, tune_gc
+
+    setup_logging(settings)
+    raise_fd_limit(settings)
+    tune_gc()
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        uvloop.run(serve(settings, grpc_port, tls))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+async def serve(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | None) -> None:
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from router.epp.service import ExternalProcessor
+    from router.proxy.app import create_app
+    from router.proxy.server import Server, build_config
+
+    app = create_app(settings)
+    http = Server(build_config(app, settings), app)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    processor = ExternalProcessor(app.forwarder, settings.session_header.lower())
+    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    address = f"{settings.host}:{grpc_port}"
+    if tls is None:
+        server.add_insecure_port(address)
+    else:
+        server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
+    await server.start()
+    serving = health_pb2.HealthCheckResponse.SERVING
+    for name in ("", SERVICE):
+        await checks.set(name, serving)
+    log.info(
+        "cache-router epp: gRPC on %s (%s), HTTP on %s:%d",
+        address, "plaintext" if tls is None else "TLS", settings.host, settings.port,
+    )  # fmt: skip
+    try:
+        await http.serve()  # until SIGTERM / SIGINT (uvicorn's handlers), drained
+    finally:
+        await checks.enter_graceful_shutdown()
+        await server.stop(grace=settings.shutdown_timeout_s)
