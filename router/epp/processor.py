@@ -348,4 +348,3 @@ def immediate(error: RouterError) -> pb.ProcessingResponse:
         details=error.code,
     )
     return pb.ProcessingResponse(immediate_response=response)
-
