@@ -13,9 +13,13 @@ worker ``i`` in seconds:
               (only when the in-flight KV plus this prompt exceeds the worker's capacity)
     block_i = block_weight * uncached_i / rate_i * live_i
               (only when min_j uncached_j / rate_j >= hopeless_s)
-    lora_i  = lora_load_s                       (a LoRA adapter not resident on worker i)
-              + ongoing_decode_i / num_requests_i / 2 * (step_s + seq_s * n_i)
-                                                (... and every slot runs another adapter)
+    lora_i  = lora_load_s * (1 + n_i)           (a LoRA adapter not resident on worker i:
+                                                 the load stalls every running request)
+              + lora_load_s * (1 + n_i)         (... no free slot: an adapter gives way and
+                                                 its next request reloads it)
+              + drain_i                         (... every slot runs another adapter, or
+                                                 this one takes the last: a slot's wait)
+              drain_i = ongoing_decode_i / n_i / 2 * (step_s + seq_s * n_i) * H(k_i)
     cost_i  = ttft_i + share_i + evict_i + wait_i + block_i + lora_i
                                                          g(x) = x^2 / (x^2 + share_tau_s^2)
 
@@ -61,11 +65,15 @@ worker ``i`` in seconds:
   to the worker that measured fastest, and each session brings its later turns with it
   (real vLLM workers on one machine: up to 1.75x the mean requests on one worker).
 - ``lora_i``: a request for a LoRA adapter (:mod:`router.cache.lora`) the worker does not
-  hold pays the adapter's load, ``lora_load_s``; when every slot (``max_loras``) runs
-  another adapter, it also waits for one of them to drain (priced as ``wait_i``). So an
-  adapter's requests go where it is resident, and adapters spread over workers once the
-  slots run out. The adapter's own prefix cache (its blocks are no hit elsewhere) pulls the
-  same way.
+  hold pays the adapter's load, ``lora_load_s``, once for itself and once for every
+  request running there (the engine loads it before the step they share). With no free
+  slot a resident adapter gives way: its next request there pays the load again. When
+  every slot (``max_loras``) runs another adapter the request waits until one of them
+  drains, and when it takes the last slot the adapter it displaced waits so: ``drain_i``,
+  the longest of the ``k_i`` requests of the adapter with the fewest (``H(k)``, the
+  harmonic number, times one request's remaining decode). So an adapter's requests go
+  where it is resident, and adapters spread over workers once the slots run out. The
+  adapter's own prefix cache (its blocks are no hit elsewhere) pulls the same way.
 - Affinity: a session stays on the worker it was last sent to while that worker's cost is
   within ``affinity_margin`` (relative) plus ``affinity_slack_s`` of the best; the estimate is
   noisy and every move duplicates the session's prefix on a second worker.
@@ -90,6 +98,7 @@ from policies.base import Pick, RequestFeatures, WorkerView
 from policies.hits import UNHEALTHY, estimate_hits
 from policies.sessions import DEFAULT_MAX_SESSIONS, SessionTable
 from policies.tiebreak import RoundRobinCounter
+from router.cache.lora import AdapterSlots
 from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
 
 AFFINITY_MARGIN = 0.1
@@ -108,6 +117,9 @@ CHUNK_TOKENS = 8192
 SEQ_S = 0.00015
 LORA_LOAD_S = 0.05  # loading an adapter from host memory into a GPU slot (the sim worker's)
 INF = float("inf")
+HARMONIC = [0.0]
+for _k in range(1, 65):
+    HARMONIC.append(HARMONIC[-1] + 1.0 / _k)  # H(k): the expected max of k exponentials
 
 
 class TTFTPicker:
@@ -292,9 +304,7 @@ class TTFTPicker:
             if adapter is not None:
                 slots = getattr(worker, "adapters", None)  # views without slots: no term
                 if slots is not None and not slots.resident(adapter):
-                    cost += self.lora_load_s
-                    if slots.blocked(adapter) and n:
-                        cost += worker.ongoing_decode_tokens / n / 2 * (step_s + seq_s * n)
+                    cost += self._lora(slots, adapter, n, worker.ongoing_decode_tokens)
             costs.append(cost)
         footprints = getattr(first, "footprint", None) is not None
         if self.block_weight and footprints and self.hopeless_s <= own_min < INF:
@@ -325,6 +335,24 @@ class TTFTPicker:
                 if costs[i] < best:
                     best = costs[i]
         return costs
+
+    def _lora(self, slots: AdapterSlots, adapter: str, n: int, decode: int) -> float:
+        """``lora_i`` of an adapter not resident on a worker with ``n`` requests in flight
+        (``decode`` tokens of output booked): see the module docstring."""
+        load = self.lora_load_s * (1 + n)  # the load stalls the step of every running request
+        if not n:
+            return load + load if slots.full() else load
+        running = slots.running
+        # the wait for a slot: until the first adapter running there drains, the longest of
+        # its k requests (about H(k) times one request's remaining decode)
+        k = min(min(running.values(), default=1), len(HARMONIC) - 1)
+        drain = decode / n / 2 * (self.step_s + self.seq_s * n) * HARMONIC[k]
+        cost = load + drain if slots.blocked(adapter) else load
+        if slots.full():  # a resident adapter gives way: its next request here reloads it,
+            cost += load  # and waits for a drain first when this one takes the last slot
+            if len(running) + 1 >= slots.max_loras:
+                cost += drain
+        return cost
 
     def _add_block(
         self,

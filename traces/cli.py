@@ -1,4 +1,5 @@
-"""``cache-router trace {stats,cap,synth}``: inspect, cap and generate request traces."""
+"""``cache-router trace {stats,cap,synth,models}``: inspect, cap, generate request traces and
+give their sessions models."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from traces.assign import assign_models, parse_model_weights
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.formats import FORMATS, load_trace
 from traces.record import TraceFormatError
@@ -92,6 +94,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     synth.add_argument("--out", default="synthetic_trace.jsonl", help="'-' = stdout")
     synth.set_defaults(func=_synth)
 
+    models = sub.add_parser(
+        "models",
+        help="give each session a model (base model or LoRA adapter) by a hash of its id",
+        description="Each session names one of the models given (NAME or NAME:WEIGHT), "
+        "chosen by crc32 of its id, in proportion to the weights; write generic JSONL with "
+        "'model' set (replay sends it, simulate runs the non-base ones as LoRA adapters).",
+        formatter_class=_HELP,
+    )
+    models.add_argument("input", type=Path, help="trace file (or Weka directory)")
+    models.add_argument("output", help="generic JSONL to write ('-' = stdout)")
+    models.add_argument(
+        "--model", nargs="+", required=True, metavar="NAME[:WEIGHT]", help="the models"
+    )
+    models.add_argument(
+        "--format", choices=_FORMAT_CHOICES, default="auto", dest="fmt", help="input trace format"
+    )
+    models.set_defaults(func=_models)
+
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
@@ -133,6 +153,20 @@ def _cap(args: argparse.Namespace) -> int:
         f"{share:.1%} of input tokens) -> {args.output}",
         file=sys.stderr,
     )
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    try:
+        weights = parse_model_weights(args.model)
+        requests = assign_models(load_trace(args.input, args.fmt), weights)
+        write_jsonl(requests, args.output)
+    except (OSError, ValueError) as exc:
+        return _fail(exc)
+    counts: dict[str, int] = {}
+    for req in requests:
+        counts[req.model] = counts.get(req.model, 0) + 1
+    print(", ".join(f"{m}: {n:,}" for m, n in counts.items()), file=sys.stderr)
     return 0
 
 

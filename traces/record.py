@@ -39,6 +39,9 @@ class TraceRequest:
     # the client's pause between the previous turn's answer and this request, where the
     # format records it (Weka's ``think_time``); session pacing waits it after that answer
     think_s: float | None = None
+    # the model the request names (a base model or a LoRA adapter), where the trace says;
+    # None: the replay's / simulation's default model
+    model: str | None = None
 
 
 def finalize(requests: Iterable[TraceRequest]) -> list[TraceRequest]:

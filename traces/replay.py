@@ -44,7 +44,7 @@ class ReplayConfig:
     prompt_mode: str = "tokens"  # or "text"
     vocab_size: int = 32_000
     salt: int = 0
-    model: str | None = None  # default: the first of GET /v1/models
+    model: str | None = None  # default: the first of GET /v1/models (a request's own first)
     session_header: str = "X-Session-ID"
     max_output_tokens: int | None = None  # cap the trace's output lengths
     timeout_s: float = 300.0
@@ -68,6 +68,7 @@ class ReplayOutcome:
     error_samples: list[str] = field(default_factory=list)
     retried: int = 0  # sends repeated after a connection failure before the first token
     lost_streaming: int = 0  # errors after the first token (a retry would repeat output)
+    served_by: list[str] = field(default_factory=list)  # run.worker's index -> worker URL
 
     @property
     def send_lag_p99(self) -> float:
@@ -142,7 +143,7 @@ def _body(req: TraceRequest, cfg: ReplayConfig, model: str) -> dict:
     else:
         prompt = prompt_text(req, cfg.salt)
     return {
-        "model": model,
+        "model": req.model or model,
         "prompt": prompt,
         "max_tokens": out,
         "min_tokens": out,
@@ -287,5 +288,14 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
     reported = float(cached[ok].sum()) / max(1.0, float(input_length.sum()))
     lag = sent[~np.isnan(sent)] - arrival[~np.isnan(sent)]
     return ReplayOutcome(
-        run, len(errors), workers, worker_rate, reported, lag, errors[:5], retried, lost_streaming
+        run,
+        len(errors),
+        workers,
+        worker_rate,
+        reported,
+        lag,
+        errors[:5],
+        retried,
+        lost_streaming,
+        names,
     )

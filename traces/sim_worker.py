@@ -8,6 +8,14 @@ real queueing and a real prefix cache, without a GPU. It speaks vLLM's API
 and reports the prompt tokens it found cached in ``usage.prompt_tokens_details.cached_tokens``
 (``meta_info.cached_tokens`` for ``/generate``).
 
+LoRA (``--lora NAME ...``): the worker serves those adapters of its model as vLLM does with
+``--enable-lora --lora-modules``: ``/v1/models`` lists each with ``parent`` set to the base
+model, a request whose ``model`` names one runs it (its own prefix cache, at most
+``--max-loras`` adapters in a batch, ``--lora-load-ms`` per load: see
+:mod:`traces.worker_model`), and ``/metrics`` has vLLM's ``vllm:lora_requests_info`` plus
+``sim:lora_swaps_total`` (adapters loaded). A model the worker does not serve is a 404, as
+vLLM answers.
+
 ``--flavor sglang`` exports SGLang's metric names instead and encodes KV events as SGLang
 does; ``--kv-events-config`` publishes the model's KV events over ZMQ as both engines do
 (:mod:`traces.kv_event_publisher`, :mod:`traces.kv_event_wire`), so precise mode runs live
@@ -56,6 +64,7 @@ from traces.sim_worker_api import (
 )
 from traces.sim_worker_engine import (
     Handle,
+    LoraCollector,
     RealTimeWorker,
     SglangCollector,
     VllmCollector,
@@ -76,6 +85,7 @@ class SimWorkerConfig:
     max_model_len: int | None = None  # None: the KV capacity, as vLLM caps it
     flavor: Flavor = "vllm"  # the engine it imitates: /metrics names, KV event encoding
     kv_events: PublisherConfig | None = None  # publish KV events (traces/kv_event_publisher.py)
+    loras: tuple[str, ...] = ()  # LoRA adapters served (vLLM's --lora-modules names)
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -91,6 +101,10 @@ class SimWorkerConfig:
             raise ValueError("max model len must be at least 2 (one prompt and one output token)")
         if min(m.step_overhead_s, m.decode_s_per_seq) < 0 or m.decode_step_s(1) <= 0:
             raise ValueError("decode step costs must be >= 0 and not both 0")
+        if m.max_loras < 1 or m.lora_load_s < 0:
+            raise ValueError("max loras must be at least 1 and the LoRA load cost >= 0")
+        if len(set(self.loras)) != len(self.loras) or self.model_name in self.loras:
+            raise ValueError("LoRA names must be distinct and differ from the model name")
 
     @property
     def context_len(self) -> int:
@@ -111,6 +125,8 @@ class _Service:
         self.registry = CollectorRegistry(auto_describe=False)
         collector = SglangCollector if config.flavor == "sglang" else VllmCollector
         self.registry.register(collector(worker, config.model_name))
+        if config.loras:
+            self.registry.register(LoraCollector(worker, config.flavor))
 
     async def _body(self, request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -122,26 +138,30 @@ class _Service:
             raise ApiError("request body must be a JSON object")
         return body
 
-    def _check_model(self, name: str | None) -> None:
-        if name is not None and name != self.config.model_name:
-            raise ApiError(f"The model `{name}` does not exist.", 404, "NotFoundError")
+    def _check_model(self, name: str | None) -> str | None:
+        """The LoRA adapter ``name`` runs (None: the base model); a model this worker does
+        not serve is vLLM's 404."""
+        if name is None or name == self.config.model_name:
+            return None
+        if name in self.config.loras:
+            return name
+        raise ApiError(f"The model `{name}` does not exist.", 404, "NotFoundError")
 
     def _endpoint(
         self, parse: Callable[[dict[str, Any], int], GenRequest]
     ) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
             gen = parse(await self._body(request), self.config.context_len)
-            self._check_model(gen.model)
-            return await self._serve(gen)
+            return await self._serve(gen, self._check_model(gen.model))
 
         return handle
 
-    async def _serve(self, gen: GenRequest) -> Response:
+    async def _serve(self, gen: GenRequest, adapter: str | None) -> Response:
         """Submit to the model; answer at the finish, or stream from the first token."""
         prompt = gen.prompt
         try:
             handle = self.worker.submit(
-                prompt.blocks, prompt.input_length, gen.max_tokens, prompt.tokens
+                prompt.blocks, prompt.input_length, gen.max_tokens, prompt.tokens, adapter
             )
         except WorkerUnavailable as exc:
             raise _unavailable(exc) from None
@@ -164,7 +184,7 @@ class _Service:
             gen.kind,
             rid,
             int(time.time()),
-            self.config.model_name,
+            req.adapter or self.config.model_name,
             req.input_length,
             req.output_length,
             req.cached_tokens,
@@ -217,7 +237,12 @@ class _Service:
             "parent": None,
             "max_model_len": self.config.context_len,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        # vLLM's cards of LoRA adapters: root their path, parent the base model
+        loras = [
+            {**card, "id": lora, "root": f"/loras/{lora}", "parent": name, "max_model_len": None}
+            for lora in self.config.loras
+        ]
+        return JSONResponse({"object": "list", "data": [card, *loras]})
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=503 if self.worker.failed is not None else 200)
@@ -343,6 +368,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model-name", default="sim-model", help="served model name")
     p.add_argument(
+        "--lora",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="LoRA adapters of the model served (see --max-loras, --lora-load-ms)",
+    )
+    p.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -406,6 +438,7 @@ def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
         args.max_model_len,
         flavor=args.flavor,
         kv_events=events,
+        loras=tuple(args.lora),
     )
 
 

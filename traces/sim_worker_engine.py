@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -115,13 +117,15 @@ class RealTimeWorker:
         input_length: int,
         output_length: int,
         tokens: bytes | None = None,
+        adapter: str | None = None,
     ) -> Handle:
         """Queue a request at model time now; await ``handle.first`` / ``handle.done``.
-        ``tokens``: the prompt's ids, which its KV events carry."""
+        ``tokens``: the prompt's ids, which its KV events carry; ``adapter``: the LoRA
+        adapter it runs (None: the base model)."""
         if self.failed is not None:
             raise WorkerUnavailable(str(self.failed))
         loop = self._bind()
-        req = SimRequest(blocks, input_length, output_length, tokens=tokens)
+        req = SimRequest(blocks, input_length, output_length, tokens=tokens, adapter=adapter)
         handle = Handle(req, loop.create_future(), loop.create_future(), loop.time())
         req.tag = handle
         self.sync()
@@ -354,3 +358,47 @@ class SglangCollector(Collector):
             "The number of requests in the waiting queue",
             model.num_waiting,
         )
+
+
+class LoraCollector(Collector):
+    """The worker's LoRA slots: vLLM's ``vllm:lora_requests_info`` and ``sim:lora_swaps_total``.
+
+    vLLM sets the info gauge to the current time under the labels of every engine step
+    (``max_lora``, ``waiting_lora_adapters``, ``running_lora_adapters``: comma-separated
+    names), and the page keeps every label set it ever had: the newest value is the current
+    one. Here the label set is read at each scrape; the last ``KEEP`` sets stay listed.
+    """
+
+    KEEP = 16
+
+    def __init__(self, worker: RealTimeWorker, flavor: str = "vllm") -> None:
+        self.worker = worker
+        self.flavor = flavor
+        self.seen: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+
+    def collect(self) -> Iterator[Metric]:
+        model = self.worker.model
+        swaps = CounterMetricFamily(
+            "sim:lora_swaps", "LoRA adapters loaded into a slot (not resident when admitted)."
+        )
+        swaps.add_metric([], model.stats.lora_swaps)
+        yield swaps
+        if self.flavor != "vllm":
+            return
+        labels = (
+            str(model.config.max_loras),
+            ",".join(model.waiting_adapters()),
+            ",".join(model.lora_running),
+        )
+        self.seen[labels] = time.time()
+        self.seen.move_to_end(labels)
+        while len(self.seen) > self.KEEP:
+            self.seen.popitem(last=False)
+        info = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
+        for key, at in self.seen.items():
+            info.add_metric(list(key), at)
+        yield info

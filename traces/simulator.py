@@ -14,6 +14,14 @@ events become one batch that reaches the router ``kv_event_delay_s`` later (a fr
 synced. A gap is filled from the worker's replay buffer at once (the live sim worker serves
 the same buffer over its replay socket).
 
+LoRA adapters: every worker serves ``base_model`` and, as LoRA adapters of it, every other
+model a request names (``TraceRequest.model``). An adapter's request reaches the picker as
+the proxy hands it over (:func:`router.cache.lora.under_adapter`: its own block chain, the
+adapter booked on the worker's slots, which the router knows hold ``max_loras``, as the
+workers' ``vllm:lora_requests_info`` tells the live router) and runs on the worker model
+under the adapter (``max_loras`` per batch, a load per swap); ``lora_swaps`` counts the
+workers' loads.
+
 Picks are timed with the wall clock (``pick_us``); everything else is virtual time.
 """
 
@@ -32,6 +40,7 @@ from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.block_lru import BlockLRU
 from router.cache.feedback import correct_shadow
 from router.cache.kv_index import KVEventFeed, KVIndex
+from router.cache.lora import AdapterSlots, under_adapter
 from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
 from router.cache.workload import PrefillRate
@@ -58,6 +67,7 @@ class SimConfig:
     # the proxy's report-driven capacity correction (router/cache/feedback.py); None: as the
     # proxy runs it, only while the shadows' capacity is a guess (shadow_capacity_tokens set)
     correct_shadow: bool | None = None
+    base_model: str | None = None  # requests naming another model run it as a LoRA adapter
 
 
 @dataclass
@@ -80,6 +90,7 @@ class PolicyRun:
     inflight: np.ndarray  # samples x workers: num_requests
     wall_seconds: float
     estimates: dict[str, np.ndarray] = field(default_factory=dict)  # per kind, nan: none
+    lora_swaps: int = 0  # LoRA adapters the workers loaded (not resident when admitted)
 
     def summary(self) -> dict[str, float | int]:
         """The per-policy entry of results.json (times in seconds, rates as fractions)."""
@@ -110,6 +121,7 @@ class PolicyRun:
             "imbalance": float(per_worker.max() / per_worker.mean()) if self.requests else 0.0,
             "pick_us_p50": _pct(self.pick_us, 50),
             "pick_us_p99": _pct(self.pick_us, 99),
+            "lora_swaps": self.lora_swaps,
             "wall_seconds": self.wall_seconds,
         }
 
@@ -137,6 +149,7 @@ def make_worker_states(config: SimConfig) -> list[WorkerState]:
             shadow=config.shadow,
             radix_token_weight=BLOCK_TOKENS // KEY_TOKENS,
             rate=PrefillRate(config.worker.prefill_tokens_per_s),
+            adapters=AdapterSlots(config.worker.max_loras),
         )
         for i in range(config.workers)
     ]
@@ -248,7 +261,11 @@ def simulate(
             input_length=req.input_length,
             session_id=req.session_id,
             tokens=keys_as_tokens(req.blocks) if radix or events is not None else None,
+            model=req.model,
         )
+        adapter = req.model if req.model not in (None, config.base_model) else None
+        if adapter is not None:
+            features = under_adapter(features, adapter)
         t0 = time.perf_counter_ns()
         pick = picker.pick(features, views)
         out["pick_us"][i] = (time.perf_counter_ns() - t0) / 1000
@@ -270,7 +287,9 @@ def simulate(
             est_kv[i] = booking.kv_estimate
         out["arrival"][i] = arrival
         chosen[i] = pick.worker
-        sim_req = SimRequest(req.blocks, req.input_length, max(1, req.output_length), tag=i)
+        sim_req = SimRequest(
+            req.blocks, req.input_length, max(1, req.output_length), tag=i, adapter=adapter
+        )
         models[pick.worker].submit(sim_req, arrival)
         if views is not states:
             views[pick.worker].queue(sim_req)
@@ -305,6 +324,7 @@ def simulate(
             for k, v in (("blocks", est_blocks), ("radix", est_radix), ("kv", est_kv))
             if not np.isnan(v).all()
         },
+        lora_swaps=sum(m.stats.lora_swaps for m in models),
     )
 
 

@@ -34,6 +34,16 @@ engine does: ``token_ids`` the ids, ``block_size`` 512; without them (the offlin
 simulator) ``token_ids`` are the keys' pseudo-tokens and ``block_size`` 2, which the
 simulator's requests use too.
 
+LoRA adapters (vLLM V1's scheduler): a request may name an adapter (``SimRequest.adapter``;
+None is the base model). Its blocks are keyed under the adapter
+(:func:`router.cache.lora.adapter_blocks`), so the base model's blocks and other adapters'
+are never a hit for it. A batch runs at most ``max_loras`` distinct adapters: a waiting
+request whose adapter is not running while every slot runs another one is skipped (the
+requests behind it may go first) until one drains. The GPU keeps up to ``max_loras``
+adapters resident; admitting one that is not resident loads it in place of the least
+recently used idle one (a swap, counted in ``WorkerStats.lora_swaps``), and each load adds
+``lora_load_s`` to the engine step that follows (vLLM loads adapters before the forward pass).
+
 Decode-only stretches are simulated in one event: while nothing is waiting and no prefill
 is pending, the batch only changes when a request finishes, so the model jumps straight to
 that step (or to the step boundary after an arrival). A long trace thus costs a few events
@@ -45,7 +55,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from router.cache.block_hash import KEY_TOKENS, TOKEN_BYTES, keys_as_tokens
+from router.cache.lora import adapter_blocks
 from router.cache.radix_tree import RadixTree, TreeNode
 from traces.record import BLOCK_TOKENS
 
@@ -68,6 +79,8 @@ class WorkerModelConfig:
     decode_s_per_seq: float = 0.00015
     max_running: int = 256
     eviction_policy: str = "lru"
+    max_loras: int = 1  # distinct LoRA adapters in one batch and resident (vLLM's default)
+    lora_load_s: float = 0.05  # loading an adapter into a GPU slot (a swap)
 
     @property
     def capacity_blocks(self) -> int:
@@ -105,6 +118,18 @@ def add_model_options(p: argparse.ArgumentParser, kv_help: str) -> None:
         default=d.chunk_tokens,
         help="prefill tokens per step (chunked prefill)",
     )
+    p.add_argument(
+        "--max-loras",
+        type=int,
+        default=d.max_loras,
+        help="LoRA adapters in one batch and resident on the GPU (vLLM's --max-loras)",
+    )
+    p.add_argument(
+        "--lora-load-ms",
+        type=float,
+        default=d.lora_load_s * 1000,
+        help="cost of loading a LoRA adapter that is not resident (one swap)",
+    )
 
 
 def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
@@ -115,6 +140,8 @@ def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModel
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         step_overhead_s=args.step_overhead_ms / 1000,
         decode_s_per_seq=args.decode_ms_per_seq / 1000,
+        max_loras=args.max_loras,
+        lora_load_s=args.lora_load_ms / 1000,
         **more,
     )
 
@@ -128,6 +155,7 @@ class SimRequest:
     output_length: int
     tag: object = None  # the caller's handle (booking, HTTP waiter...)
     tokens: bytes | None = None  # the prompt's token ids (uint32 LE), for KV events
+    adapter: str | None = None  # the LoRA adapter it runs (None: the base model)
     cached_tokens: int = 0
     prefill_left: int = 0
     extra_blocks: int = 0  # tail of the prompt + output, not in the tree
@@ -142,6 +170,7 @@ class WorkerStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     finished: int = 0
+    lora_swaps: int = 0  # adapters loaded into a slot (not resident when admitted)
 
 
 OnFirstToken = Callable[[SimRequest, float], None]
@@ -183,6 +212,11 @@ class WorkerModel:
         self._span_step = 0.0
         self._span_steps = 0
         self._prefill_plan: list[tuple[SimRequest, int]] = []
+        # LoRA: adapters resident on the GPU (least recently used first), those running
+        # (requests admitted and not finished), loads the next step pays for
+        self.loras: OrderedDict[str, None] = OrderedDict()
+        self.lora_running: dict[str, int] = {}
+        self._lora_loads = 0
 
     # ---- introspection -----------------------------------------------------------------
 
@@ -197,6 +231,10 @@ class WorkerModel:
     @property
     def used_blocks(self) -> int:
         return self.cache.total_tokens // KEY_TOKENS + self.extra_blocks
+
+    def waiting_adapters(self) -> list[str]:
+        """The adapters of waiting requests, in queue order, once each."""
+        return list(dict.fromkeys(r.adapter for r in self.waiting if r.adapter is not None))
 
     def kv_usage(self) -> float:
         return min(1.0, self.used_blocks / max(1, self.config.capacity_blocks))
@@ -228,6 +266,7 @@ class WorkerModel:
         new = blocks[hit_blocks:]
         if not new:
             return
+        lora = {"lora_name": req.adapter} if req.adapter is not None else {}
         if req.tokens is not None:  # the engine's view: the blocks' token ids
             step = BLOCK_TOKENS * TOKEN_BYTES
             ids = req.tokens[hit_blocks * step : len(blocks) * step]
@@ -242,6 +281,7 @@ class WorkerModel:
                 "token_ids": np.frombuffer(ids, dtype="<u4").tolist(),
                 "block_size": size,
                 "medium": "GPU",
+                **lora,
             }
         )
 
@@ -249,6 +289,8 @@ class WorkerModel:
 
     def submit(self, request: SimRequest, now: float) -> None:
         """A request arrives at ``now``; it joins at the next step boundary."""
+        if request.adapter is not None:  # its blocks live in the adapter's own cache
+            request.blocks = tuple(adapter_blocks(request.blocks, request.adapter))
         self.waiting.append(request)
         if self.next_event is None:  # idle: start a step right away
             self._span_start, self._span_step, self._span_steps = now, 0.0, 0
@@ -291,6 +333,14 @@ class WorkerModel:
     def _finish(self, req: SimRequest, now: float) -> None:
         req.finish_time = now
         self.extra_blocks -= req.extra_blocks
+        adapter = req.adapter
+        if adapter is not None:
+            left = self.lora_running[adapter] - 1
+            if left:
+                self.lora_running[adapter] = left
+            else:
+                del self.lora_running[adapter]
+            self.loras.move_to_end(adapter)  # last used now
         if req.node is not None:
             self.cache.dec_lock_ref(req.node)
             req.node = None
@@ -299,8 +349,13 @@ class WorkerModel:
 
     def _admit(self, now: float) -> None:
         cache, cap = self.cache, self.config.capacity_blocks
-        while self.waiting and self.num_running < self.config.max_running:
-            req = self.waiting[0]
+        waiting = self.waiting
+        skipped: list[SimRequest] = []  # LoRA: no slot for their adapter this step
+        while waiting and self.num_running < self.config.max_running:
+            req = waiting[0]
+            if req.adapter is not None and not self._lora_slot(req.adapter):
+                skipped.append(waiting.popleft())
+                continue
             tokens = keys_as_tokens(req.blocks)
             match = cache.match_prefix(tokens)
             cache.inc_lock_ref(match.node)
@@ -314,8 +369,10 @@ class WorkerModel:
                 free = cap - self.used_blocks
             if need > free and self.num_running > 0:
                 cache.dec_lock_ref(match.node)
-                return  # head of line waits for memory
-            self.waiting.popleft()
+                break  # head of line waits for memory
+            waiting.popleft()
+            if req.adapter is not None:
+                self._lora_admit(req.adapter)
             req.node = cache.insert(tokens, lock=True).node
             if self.events is not None:
                 self._stored(req, hit_blocks)
@@ -327,10 +384,36 @@ class WorkerModel:
             self.stats.prompt_tokens += req.input_length
             self.stats.cached_tokens += req.cached_tokens
             self.prefilling.append(req)
+        if skipped:  # back at the head, in their order (vLLM's skipped_waiting_requests)
+            waiting.extendleft(reversed(skipped))
+
+    def _lora_slot(self, adapter: str) -> bool:
+        """Whether a request for ``adapter`` may join the batch: it runs already, or a slot
+        is free of running adapters."""
+        running = self.lora_running
+        return adapter in running or len(running) < self.config.max_loras
+
+    def _lora_admit(self, adapter: str) -> None:
+        """``adapter`` runs one more request; load it (evicting the least recently used
+        idle adapter) if it is not resident."""
+        running, loras = self.lora_running, self.loras
+        running[adapter] = running.get(adapter, 0) + 1
+        if adapter in loras:
+            loras.move_to_end(adapter)
+            return
+        if len(loras) >= self.config.max_loras:
+            idle = next(a for a in loras if a not in running)  # _lora_slot left one
+            del loras[idle]
+        loras[adapter] = None
+        self.stats.lora_swaps += 1
+        self._lora_loads += 1
 
     def _plan(self, now: float) -> None:
         cfg = self.config
         batch = len(self.decoding)
+        load_s = 0.0
+        if self._lora_loads:  # the adapters admitted at this boundary load before the step
+            load_s, self._lora_loads = self._lora_loads * cfg.lora_load_s, 0
         if self.prefilling:
             budget = cfg.chunk_tokens
             plan = []
@@ -341,7 +424,7 @@ class WorkerModel:
                 plan.append((req, take))
                 budget -= take
             prefill_tokens = cfg.chunk_tokens - budget
-            step = cfg.decode_step_s(batch) + prefill_tokens / cfg.prefill_tokens_per_s
+            step = cfg.decode_step_s(batch) + prefill_tokens / cfg.prefill_tokens_per_s + load_s
             self._prefill_plan = plan
             self._span_start, self._span_step, self._span_steps = now, step, 1 if batch else 0
             self._wake_at(now + step)

@@ -31,6 +31,8 @@ def request_to_json(req: TraceRequest) -> dict:
         rec["prompt"] = req.prompt
     if req.messages is not None:
         rec["messages"] = req.messages
+    if req.model is not None:
+        rec["model"] = req.model
     return rec
 
 

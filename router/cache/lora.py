@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import xxhash
@@ -40,13 +41,20 @@ def adapter_root(adapter: str) -> int:
     return xxhash.xxh3_64_intdigest(b"lora:" + adapter.encode()) or 1
 
 
+def adapter_blocks(blocks: Sequence[int], adapter: str) -> list[int]:
+    """``blocks`` (prefix-chained keys) re-chained under ``adapter``'s root: the keys of the
+    same prompt in the adapter's own prefix cache (the router's shadows and the sim worker's
+    KV cache both key an adapter's blocks so)."""
+    return chain_ids(blocks, 1, adapter_root(adapter)) if len(blocks) else []
+
+
 def under_adapter(features: RequestFeatures, adapter: str) -> RequestFeatures:
     """``features`` of the same prompt served by LoRA ``adapter`` (see the module doc)."""
     root = adapter_root(adapter)
     tokens = features.tokens
     if tokens is not None:
         tokens = TextBytes(root.to_bytes(8, "little") + tokens)
-    blocks = chain_ids(features.blocks, 1, root) if features.blocks else []
+    blocks = adapter_blocks(features.blocks, adapter)
     return dataclasses.replace(features, blocks=blocks, tokens=tokens, adapter=adapter)
 
 
@@ -65,6 +73,10 @@ class AdapterSlots:
 
     def resident(self, adapter: str) -> bool:
         return adapter in self.running or adapter in self.recent
+
+    def full(self) -> bool:
+        """No free slot: loading another adapter evicts a resident one."""
+        return len(self.recent) >= self.max_loras
 
     def blocked(self, adapter: str) -> bool:
         """Every slot runs another adapter: ``adapter`` waits until one of them drains."""

@@ -73,3 +73,19 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
             main(["trace", *argv, "--help"])
         assert exc.value.code == 0
         assert default in capsys.readouterr().out
+
+
+def test_models_gives_each_session_one_model(tmp_path: Path) -> None:
+    src = Path(__file__).parents[2] / "traces" / "data" / "conversation_sample.jsonl"
+    out = tmp_path / "models.jsonl"
+    argv = ["trace", "models", str(src), str(out), "--model", "base:2", "lora-0", "lora-1"]
+    assert main(argv) == 0
+    trace = load_trace(out)
+    by_session: dict[str, set] = {}
+    for req in trace:
+        by_session.setdefault(req.session_id, set()).add(req.model)
+    assert all(len(models) == 1 for models in by_session.values())  # a session, one model
+    counts = {m: sum(1 for r in trace if r.model == m) for m in ("base", "lora-0", "lora-1")}
+    assert sum(counts.values()) == len(trace)
+    assert counts["base"] > counts["lora-0"] and counts["base"] > counts["lora-1"] > 0
+    assert main(["trace", "models", str(src), str(out), "--model", "x:0"]) == 1

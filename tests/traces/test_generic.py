@@ -57,3 +57,22 @@ def test_bad_records_name_file_and_line(tmp_path: Path, line: str, error: str) -
     path.write_text(ok + "\n" + line + "\n")
     with pytest.raises(TraceFormatError, match="t.jsonl:2: .*" + error.replace("'", ".")):
         generic.load(path)
+
+
+def test_model_is_read_and_written(tmp_path: Path) -> None:
+    from traces.writer import write_jsonl
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"session_id": "a", "timestamp": 0, "input_length": 600, "output_length": 1, '
+        '"hash_ids": [1, 2], "model": "lora-1"}\n'
+        '{"session_id": "b", "timestamp": 1, "input_length": 600, "output_length": 1}\n'
+    )
+    trace = generic.load(path)
+    assert [r.model for r in trace] == ["lora-1", None]
+    write_jsonl(trace, tmp_path / "u.jsonl")
+    assert [r.model for r in generic.load(tmp_path / "u.jsonl")] == ["lora-1", None]
+    path.write_text('{"session_id": "a", "timestamp": 0, "input_length": 1, '
+                    '"output_length": 1, "model": 3}\n')  # fmt: skip
+    with pytest.raises(TraceFormatError, match="model"):
+        generic.load(path)

@@ -121,3 +121,13 @@ def test_a_connection_lost_before_the_first_token_is_retried_and_one_lost_mid_st
         assert (outcome.errors, outcome.retried, outcome.lost_streaming) == (2, 4, 1)
         assert outcome.run.requests == 2
         assert list(outcome.run.output_length) == [2, 2]
+
+
+def test_a_requests_own_model_is_sent() -> None:
+    from traces.replay import _body
+
+    req = TraceRequest(0.0, "s", 1, 600, 4, (1,), model="lora-2")
+    cfg = ReplayConfig(url="http://127.0.0.1:1")
+    assert _body(req, cfg, "default")["model"] == "lora-2"
+    req.model = None
+    assert _body(req, cfg, "default")["model"] == "default"

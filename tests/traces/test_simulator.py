@@ -148,3 +148,25 @@ def test_session_pacing_sends_a_turn_only_after_its_previous_answer(synthetic):
     instant = replace(HUGE, prefill_tokens_per_s=1e9, step_overhead_s=1e-6, decode_s_per_seq=0.0)
     fast = SimConfig(workers=8, worker=instant, pacing="session")
     assert np.allclose(simulate(trace, make_picker("lmetric"), fast).arrival, recorded)
+
+
+def test_lora_adapters_swaps_and_their_own_caches(conversation):
+    """Every session on one of eight adapters, four workers of two slots: the workers load
+    adapters (counted), no batch exceeds its slots (the models enforce it), an adapter's
+    blocks are no hit for another; the default picker keeps adapters where they are
+    resident, so it swaps less than round-robin."""
+    from traces.assign import assign_models
+
+    trace = assign_models(conversation[:600], [(f"lora-{i}", 1.0) for i in range(8)])
+    config = SimConfig(workers=4, worker=WorkerModelConfig(max_loras=2), speedup=0.5)
+    ttft = simulate(trace, make_picker("ttft"), config).summary()
+    rr = simulate(trace, make_picker("round_robin"), config).summary()
+    assert 0 < ttft["lora_swaps"] < rr["lora_swaps"]
+    assert ttft["hit_rate"] >= rr["hit_rate"]
+    # the same prompts without adapters hit more: adapters split the caches
+    base = simulate(conversation[:600], make_picker("ttft"), config).summary()
+    assert base["lora_swaps"] == 0
+    # one adapter per base model name: requests naming the base model run no adapter
+    named = [replace(r, model="base") for r in conversation[:200]]
+    plain = simulate(named, make_picker("ttft"), replace(config, base_model="base")).summary()
+    assert plain["lora_swaps"] == 0

@@ -104,3 +104,84 @@ def test_oversized_request_runs_alone():
     d = Driver()
     d.run([(0.0, req("big", tuple(range(30)), 512 * 30, 1))])
     assert "big" in d.done
+
+
+# ---- LoRA adapters -----------------------------------------------------------------------
+
+
+def lora_req(tag: str, adapter: str | None, blocks: tuple[int, ...] = (1, 2), output: int = 5):
+    return SimRequest(blocks, 1024, output, tag=tag, adapter=adapter)
+
+
+def test_an_adapter_pays_its_load_once_then_runs_resident():
+    from dataclasses import replace
+
+    d = Driver(replace(CFG, lora_load_s=0.25))
+    d.run([(0.0, lora_req("a", "x", (1, 2))), (5.0, lora_req("b", "x", (3, 4)))])
+    assert d.first["a"] == pytest.approx(1.010 + 0.25)  # the load lengthens its step
+    assert d.first["b"] == pytest.approx(5.0 + 1.010)  # resident: no load
+    assert d.model.stats.lora_swaps == 1
+    assert list(d.model.loras) == ["x"] and d.model.lora_running == {}
+
+
+def test_adapter_blocks_are_never_a_hit_for_the_base_model_or_another_adapter():
+    order = [("base", None), ("x", "x"), ("y", "y"), ("x2", "x"), ("base2", None)]
+    reqs = [lora_req(tag, adapter) for tag, adapter in order]  # one prompt, one at a time
+    Driver().run([(10.0 * i, r) for i, r in enumerate(reqs)])
+    cached = {r.tag: r.cached_tokens for r in reqs}
+    assert cached == {"base": 0, "x": 0, "y": 0, "x2": 1024, "base2": 1024}
+
+
+def test_a_batch_never_runs_more_than_max_loras_adapters():
+    from dataclasses import replace
+
+    cfg = replace(CFG, max_loras=2, kv_capacity_tokens=512 * 200, chunk_tokens=4096)
+    model = WorkerModel(cfg)
+    reqs = [
+        SimRequest((100 + i,), 512, 3 + i % 7, tag=i, adapter=f"a{i % 5}" if i % 4 else None)
+        for i in range(60)
+    ]
+    widest = 0
+    arrivals = [(0.05 * i, r) for i, r in enumerate(reqs)]
+    while arrivals or model.next_event is not None:
+        if arrivals and (model.next_event is None or arrivals[0][0] < model.next_event):
+            at, r = arrivals.pop(0)
+            model.submit(r, at)
+        else:
+            model.advance(model.next_event)
+        batch = list(model.prefilling) + [e[2] for e in model.decoding]
+        adapters = {r.adapter for r in batch if r.adapter is not None}
+        assert len(adapters) <= 2
+        assert set(model.lora_running) == adapters
+        assert set(model.lora_running) <= set(model.loras) and len(model.loras) <= 2
+        widest = max(widest, len(adapters))
+    assert widest == 2
+    assert model.stats.finished == 60
+    assert model.stats.lora_swaps >= 5  # five adapters through two slots
+
+
+def test_a_request_without_a_slot_waits_and_the_ones_behind_it_go_first():
+    from dataclasses import replace
+
+    d = Driver(replace(CFG, lora_load_s=0.0))
+    d.run(
+        [
+            (0.0, lora_req("x", "x", (1,), output=50)),
+            (0.001, lora_req("y", "y", (2,))),  # max_loras 1: waits for x to finish
+            (0.002, lora_req("base", None, (3,))),  # the base model needs no slot
+            (0.003, lora_req("x2", "x", (4,))),  # x runs: joins
+        ]
+    )
+    assert d.first["base"] < d.done["x"] and d.first["x2"] < d.done["x"]
+    assert d.first["y"] > d.done["x"]
+    assert d.model.stats.lora_swaps == 2  # x, then y in its place (x idle by then)
+
+
+def test_the_least_recently_used_idle_adapter_gives_way():
+    from dataclasses import replace
+
+    d = Driver(replace(CFG, max_loras=2))
+    d.run([(10.0 * i, lora_req(str(i), a, (i,))) for i, a in enumerate("xyxzx")])
+    # x, y loaded; x again resident; z evicts y (x was used since); x still resident
+    assert d.model.stats.lora_swaps == 3
+    assert list(d.model.loras) == ["z", "x"]

@@ -11,7 +11,8 @@ One JSON object per line::
 ``block_size``-token blocks (default 512; a divisor of 512 is re-chunked into 512-token keys),
 and/or by ``prompt`` (text) or ``messages`` (chat messages), kept verbatim. Without
 ``hash_ids`` the request has no block keys. ``turn_id`` defaults to the 1-based position in its
-session by arrival.
+session by arrival. ``model`` (optional) is the model the request names: a base model or a
+LoRA adapter.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def load(path: Path) -> list[TraceRequest]:
             raise TraceFormatError(f"{where}: field 'prompt' must be a string")
         if messages is not None and not isinstance(messages, list):
             raise TraceFormatError(f"{where}: field 'messages' must be a list")
+        model = rec.get("model")
+        if model is not None and not (isinstance(model, str) and model):
+            raise TraceFormatError(f"{where}: field 'model' must be a non-empty string")
         length = int_field(rec, "input_length", where)
         ids = ids_field(rec, "hash_ids", where, required=False)
         try:
@@ -52,6 +56,7 @@ def load(path: Path) -> list[TraceRequest]:
             blocks=blocks,
             prompt=prompt,
             messages=messages,
+            model=model,
         )
         if rec.get("turn_id") is None:
             unnumbered.add(id(req))
