@@ -55,6 +55,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--plaintext", action="store_true", help="gRPC without TLS")
     p.add_argument("--cert-path", help="PEM certificate for gRPC TLS (default: made at start)")
     p.add_argument("--key-path", help="PEM key of --cert-path")
+    p.add_argument(
+        "--print-envoy-config", metavar="LISTEN_PORT", type=int,
+        help="print a standalone Envoy gateway's configuration (listening on LISTEN_PORT, "
+        "asking this EPP at --host:--port) and exit",
+    )  # fmt: skip
     p.set_defaults(func=main)
     return p
 
@@ -66,6 +71,16 @@ def main(args: argparse.Namespace) -> int:
     from router.proxy.serve import settings_from_args
     from router.proxy.uvicorn_support import problem
 
+    if args.print_envoy_config is not None:
+        from router.epp.envoy_config import gateway_config, render
+
+        host = args.host or "127.0.0.1"
+        config = gateway_config(
+            args.print_envoy_config, 9901, args.grpc_port, tls=not args.plaintext,
+            epp_host="127.0.0.1" if host in ("0.0.0.0", "::") else host, listen="0.0.0.0",
+        )  # fmt: skip
+        print(render(config), end="")
+        return 0
     unsupported = problem()
     if unsupported is not None:
         print(f"cache-router epp: {unsupported}", file=sys.stderr)

@@ -42,7 +42,13 @@ def start_epp(workers: list[Service], tls: bool, *extra: str) -> tuple[Service, 
             "--http-port", str(http_port), "--log-level", "warning", *extra]  # fmt: skip
     if not tls:
         args.append("--plaintext")
-    return start_service("epp", args, http_port, timeout_s=60), grpc_port
+    epp = start_service("epp", args, http_port, timeout_s=60)
+
+    def models_known() -> bool:  # each worker's /v1/models read: a model nobody serves is a 404
+        return all(w["models"] for w in httpx.get(epp.url + "/workers", timeout=5).json())
+
+    assert wait_until(models_known, 10)
+    return epp, grpc_port
 
 
 def picks(epp_url: str) -> dict[str, float]:

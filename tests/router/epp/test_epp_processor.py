@@ -4,6 +4,7 @@ never should, which gets an answer and never a crash or a booking left behind.""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import grpc
@@ -59,6 +60,10 @@ async def exchange(app, messages: list[pb.ProcessingRequest]) -> list[pb.Process
 async def app(workers):
     router = create_app(load_settings(workers=[w.url for w in workers], log_level="warning"))
     await router.startup()
+    for _ in range(200):  # until each worker's /v1/models is read (else any worker may serve)
+        if all(w.models for w in router.pool.workers):
+            break
+        await asyncio.sleep(0.02)
     yield router
     await router.shutdown()
 

@@ -251,6 +251,7 @@ def test_an_upload_streams_through_not_held_whole(router_server, workers, chunke
     assert got["bytes"] == len(body) and got["sha256"] == hashlib.sha256(body).hexdigest()
     assert got["first_byte_at"] < sent_last - 0.2  # it arrived while the client still sent
     # the form's model is read from the first bytes: a model nobody serves is the router's 404
+    assert wait_until(lambda: router.call(lambda: all(w.models for w in router.app.pool.workers)))
     head, tail, content_type = _form("whisper-nobody", b"x" * 100)
     r = httpx.post(router.url + "/v1/audio/transcriptions", content=head + tail,
                    headers={"content-type": content_type}, timeout=10)  # fmt: skip
