@@ -10,7 +10,8 @@ Setups (each started fresh, measured one after another, cell by cell):
 - ``envoy+epp``: the GIE-style gateway (router/epp/envoy_config.py: ext_proc with request
   headers and a BUFFERED body, response headers and a STREAMED body) asking one EPP process
   (plaintext); ``envoy+epp-none``: the same with response bodies not sent to the EPP (fewer
-  gRPC messages: no usage read, the booking released at the stream's end);
+  gRPC messages: no usage read, the booking released at the stream's end); ``envoy+epp-2p``:
+  ``epp --processes 2`` (Envoy's connections to it at most 4 streams each, so they spread);
 - ``serve``: one router process.
 
 Envoy runs with ``--concurrency 1``; the load generator is closed-loop asyncio clients on
@@ -176,7 +177,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
     ap.add_argument("--setups", nargs="+", default=["envoy", "envoy+epp", "envoy+epp-none",
-                                                   "serve"])  # fmt: skip
+                                                   "envoy+epp-2p", "serve"])  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="epp-bench-"))
@@ -224,12 +225,15 @@ def _start_setup(
         wait_http(f"http://127.0.0.1:{port}/health")
         return port
     grpc_port, http_port = free_port(), free_port()
+    processes = ["--processes", "2"] if setup.endswith("-2p") else []
     procs.start([*cli, "epp", "--worker", *urls, "--port", str(grpc_port), "--http-port",
-                 str(http_port), "--plaintext", *quiet], folder / f"{setup}.log")  # fmt: skip
+                 str(http_port), "--plaintext", *processes, *quiet],
+                folder / f"{setup}.log")  # fmt: skip
     wait_http(f"http://127.0.0.1:{http_port}/health")
     body = "NONE" if setup.endswith("-none") else "STREAMED"
     port, admin = free_port(), free_port()
-    config = gateway_config(port, admin, grpc_port, response_body=body)
+    streams = 4 if processes else 16  # several connections to spread over the processes
+    config = gateway_config(port, admin, grpc_port, response_body=body, max_streams=streams)
     return start_envoy(procs, folder, config, setup)[1]
 
 

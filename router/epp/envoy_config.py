@@ -39,6 +39,7 @@ def gateway_config(
     subset: list[str] | None = None,
     epp_host: str = "127.0.0.1",
     listen: str = "127.0.0.1",
+    max_streams: int = 16,
 ) -> dict:
     """Envoy's bootstrap: listener -> [set_metadata (subset hint)] -> ext_proc -> router."""
     filters: list[dict] = []
@@ -87,7 +88,10 @@ def gateway_config(
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
+                # several connections under load (at most max_streams streams each): an EPP
+                # run with --processes shares its port; the kernel spreads connections
+                "explicit_http_config": {"http2_protocol_options": {
+                    "max_concurrent_streams": max_streams}},
             }
         },
         "load_assignment": {"cluster_name": "epp", "endpoints": [{"lb_endpoints": [{

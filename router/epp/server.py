@@ -15,8 +15,10 @@ one event loop and one router core:
   ``cache_router_*`` families), ``/health``, ``/workers`` and the admin API, ``/dashboard``.
 
 Every other option is ``serve``'s (workers, discovery, picker, shadows, worker metrics, KV
-events, ``--state-url``). SIGTERM: the health service says NOT_SERVING, new streams are
-refused, streams in flight get ``shutdown_timeout_s`` to finish.
+events, ``--state-url``, ``--processes``: N processes on both ports, sharing state as
+``serve``'s do; a gateway spreads its HTTP/2 connections over them, so give it several: see
+``max_concurrent_streams`` in router/epp/envoy_config.py). SIGTERM: the health service says
+NOT_SERVING, new streams are refused, streams in flight get ``shutdown_timeout_s`` to finish.
 """
 
 from __future__ import annotations
@@ -92,12 +94,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"cache-router epp: {exc}", file=sys.stderr)
         return 2
     if settings.process_count() > 1:
-        print(
-            "cache-router epp: --processes is not supported yet; run several EPP replicas on "
-            "one --state-url instead",
-            file=sys.stderr,
-        )
-        return 2
+        from router.proxy.supervisor import SetupError, _probe_port, main_processes
+
+        try:  # the gRPC port is shared too (SO_REUSEPORT): refuse one held by another program
+            _probe_port(settings.host, args.grpc_port)
+        except SetupError as exc:
+            print(f"cache-router epp: {exc}", file=sys.stderr)
+            return 2
+        return main_processes(settings, getattr(args, "argv", None) or sys.argv[1:])
     run(settings, args.grpc_port, tls)
     return 0
 
@@ -126,11 +130,14 @@ async def serve(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | N
 
     from router.epp.service import ExternalProcessor
     from router.proxy.app import create_app
+    from router.proxy.serve import process_sockets
     from router.proxy.server import Server, build_config
 
     app = create_app(settings)
-    http = Server(build_config(app, settings), app)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    config = build_config(app, settings)
+    sockets = process_sockets(settings, config)  # one of several processes: shared ports
+    http = Server(config, app)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if settings.reuse_port else 0)])
     processor = ExternalProcessor(app.forwarder, settings.session_header.lower())
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     checks = health.aio.HealthServicer()
@@ -149,7 +156,7 @@ async def serve(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | N
         address, "plaintext" if tls is None else "TLS", settings.host, settings.port,
     )  # fmt: skip
     try:
-        await http.serve()  # until SIGTERM / SIGINT (uvicorn's handlers), drained
+        await http.serve(sockets=sockets)  # until SIGTERM / SIGINT (uvicorn's), drained
     finally:
         await checks.enter_graceful_shutdown()
         await server.stop(grace=settings.shutdown_timeout_s)

@@ -145,20 +145,28 @@ def run(settings: Settings) -> None:
         loop = "asyncio"
     app = create_app(settings)
     config = build_config(app, settings, loop=loop)
-    sockets = None
-    if settings.reuse_port or settings.process_socket:  # one of several processes (--processes)
-        from router.proxy.supervisor import listening_socket, unix_socket
-
-        sockets = [
-            listening_socket(settings.host, settings.port, config.backlog)
-            if settings.reuse_port
-            else config.bind_socket()
-        ]
-        if settings.process_socket:
-            sockets.append(unix_socket(Path(settings.process_socket), config.backlog))
+    sockets = process_sockets(settings, config)
     raise_fd_limit(settings)
     tune_gc()
     serve(app, config, sockets)
+
+
+def process_sockets(settings: Settings, config) -> list | None:
+    """The listening sockets of one of several processes (``--processes``: the shared port
+    with SO_REUSEPORT, and the private unix socket its siblings gather /metrics over); None
+    for a process on its own (uvicorn binds)."""
+    if not (settings.reuse_port or settings.process_socket):
+        return None
+    from router.proxy.supervisor import listening_socket, unix_socket
+
+    sockets = [
+        listening_socket(settings.host, settings.port, config.backlog)
+        if settings.reuse_port
+        else config.bind_socket()
+    ]
+    if settings.process_socket:
+        sockets.append(unix_socket(Path(settings.process_socket), config.backlog))
+    return sockets
 
 
 def setup_logging(settings: Settings) -> None:

@@ -203,3 +203,36 @@ def test_a_replay_through_envoy_hits_the_cache_as_serve_does(tmp_path) -> None:
             epp.stop()
     print(f"hit rate: serve {through_serve:.3f}, envoy + epp {through_epp:.3f}")
     assert through_epp >= 0.9 * through_serve, (through_epp, through_serve)
+
+
+def test_processes_share_both_ports_and_the_fleet(tmp_path, workers) -> None:
+    """`epp --processes 2`: both processes answer the gateway (its HTTP/2 connections spread
+    over the shared gRPC port), every request goes where one of them picked, and the
+    bookings of both come back to 0."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    epp, grpc_port = start_epp(workers, False, "--processes", "2")
+    envoy = Envoy(tmp_path, grpc_port, max_streams=2).start()  # many connections
+    try:
+
+        def one(i: int) -> int:
+            body = {"model": "sim-model", "max_tokens": 2, "prompt": f"spread {i} " * 30}
+            return httpx.post(envoy.url + "/v1/completions", json=body, timeout=30).status_code
+
+        with ThreadPoolExecutor(32) as pool:
+            statuses = list(pool.map(one, range(192)))
+        assert statuses == [200] * 192
+        text = httpx.get(epp.url + "/metrics", timeout=10).text
+        by_process: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name == "cache_router_requests":
+                for s in family.samples:
+                    if s.labels["worker"] != "none":
+                        process = s.labels.get("process", "0")
+                        by_process[process] = by_process.get(process, 0) + s.value
+        assert sum(by_process.values()) == 192
+        assert len([n for n in by_process.values() if n > 0]) == 2, by_process
+        assert wait_until(lambda: in_flight(epp.url) == 0, 15)
+    finally:
+        envoy.stop()
+        epp.stop()
