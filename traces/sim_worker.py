@@ -293,7 +293,9 @@ def create_app(config: SimWorkerConfig | None = None) -> Starlette:
     worker = RealTimeWorker(config.model, config.time_scale, on_events)
     svc = _Service(config, worker)
     post, get = ["POST"], ["GET"]
-    responses = ResponsesApi(worker, config.model_name, config.context_len, svc._rng)
+    responses = ResponsesApi(
+        worker, config.model_name, svc._check_model, config.context_len, svc._rng
+    )
     one = "/v1/responses/{response_id}"
 
     async def audio(request: Request) -> Response:

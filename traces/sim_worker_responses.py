@@ -20,7 +20,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,10 +49,12 @@ class Stored:
 
 @dataclass
 class ResponsesApi:
-    """The handlers, over one worker model (``model_name`` checked like the other endpoints)."""
+    """The handlers, over one worker model; ``check_model`` as the other endpoints check a
+    request's model (the LoRA adapter it runs, None for the base model; 404 for another)."""
 
     worker: RealTimeWorker
     model_name: str
+    check_model: Callable[[str | None], str | None]
     context_len: int
     ids: Any  # a random.Random: response and item ids
     store: dict[str, Stored] = field(default_factory=dict)
@@ -69,9 +71,7 @@ class ResponsesApi:
 
     async def create(self, request: Request) -> Response:
         body = await _json(request)
-        model = body.get("model")
-        if model is not None and model != self.model_name:
-            raise ApiError(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        adapter = self.check_model(_model(body))
         items = _input_items(body.get("input"))
         previous_id = body.get("previous_response_id")
         history: list[dict[str, str]] = []
@@ -101,7 +101,7 @@ class ResponsesApi:
             raise ApiError("'stream' must be a boolean")
         try:
             handle = self.worker.submit(
-                prompt.blocks, prompt.input_length, max_tokens, prompt.tokens
+                prompt.blocks, prompt.input_length, max_tokens, prompt.tokens, adapter
             )
         except WorkerUnavailable as exc:
             raise ApiError(f"worker unavailable: {exc}", 503, "ServiceUnavailableError") from None
@@ -111,7 +111,7 @@ class ResponsesApi:
             "id": response_id,
             "object": "response",
             "created_at": int(time.time()),
-            "model": self.model_name,
+            "model": adapter or self.model_name,
             "instructions": instructions,
             "previous_response_id": previous_id,
             "max_output_tokens": max_tokens,
@@ -206,9 +206,7 @@ class ResponsesApi:
 
     async def embeddings(self, request: Request) -> Response:
         body = await _json(request)
-        model = body.get("model")
-        if model is not None and model != self.model_name:
-            raise ApiError(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        adapter = self.check_model(_model(body))
         inputs = body.get("input")
         if isinstance(inputs, str):
             inputs = [inputs]
@@ -222,7 +220,9 @@ class ResponsesApi:
         for i, text in enumerate(inputs):
             prompt = prompt_from_text(text)
             try:  # a prefill and one token: the load an embedding brings
-                handle = self.worker.submit(prompt.blocks, prompt.input_length, 1, prompt.tokens)
+                handle = self.worker.submit(
+                    prompt.blocks, prompt.input_length, 1, prompt.tokens, adapter
+                )
                 await handle.done
             except WorkerUnavailable as exc:
                 raise ApiError(
@@ -234,7 +234,7 @@ class ResponsesApi:
             data.append({"object": "embedding", "index": i, "embedding": vector})
         usage = {"prompt_tokens": total, "total_tokens": total}
         return JSONResponse(
-            {"object": "list", "data": data, "model": self.model_name, "usage": usage}
+            {"object": "list", "data": data, "model": adapter or self.model_name, "usage": usage}
         )
 
 
@@ -263,6 +263,13 @@ async def transcriptions(request: Request, model_name: str) -> Response:
             "first_byte_at": first_at,
         }
     )
+
+
+def _model(body: dict[str, Any]) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError("'model' must be a string")
+    return model
 
 
 async def _json(request: Request) -> dict[str, Any]:

@@ -85,3 +85,19 @@ def test_embeddings(client) -> None:
     assert again.data[0].embedding == out.data[0].embedding  # deterministic
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="other", input="x")
+
+
+def test_an_adapter_serves_responses_and_embeddings(sim_worker_in_thread) -> None:
+    """A worker with LoRA adapters (--lora) answers for them on these endpoints too."""
+    config = SimWorkerConfig(
+        WorkerModelConfig(kv_capacity_tokens=1 << 16), time_scale=50.0, loras=("tone",)
+    )
+    with (
+        sim_worker_in_thread(config) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0) as client,
+    ):
+        answer = client.responses.create(model="tone", input="hi", max_output_tokens=2)
+        assert answer.model == "tone" and answer.status == "completed"
+        assert client.embeddings.create(model="tone", input="x").model == "tone"
+        with pytest.raises(openai.NotFoundError):
+            client.responses.create(model="other", input="hi")
