@@ -7,9 +7,10 @@ session id: :mod:`traces.assign`), so every request runs an adapter. The offline
 (:mod:`traces.simulator`: worker models with ``--max-loras`` slots, ``lora_load_s`` per
 load) replays each trace at each load (``--speedups``) through each picker on a fresh fleet;
 the workers' loads (swaps) and their true hit rate are reported. ``--live`` also replays the
-bundled conversation sample through ``cache-router serve`` in front of sim workers
+bundled samples (``--live-traces``) through ``cache-router serve`` in front of sim workers
 (``sim-worker --lora ... --max-loras N``), swaps read from the workers'
-``sim:lora_swaps_total``. The figures go to bench/lora_affinity.json.
+``sim:lora_swaps_total``, TTFT in the workers' model seconds (wall times ``--time-scale``).
+The figures go to bench/lora_affinity.json.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def live(args: argparse.Namespace) -> list[dict]:
                     cfg = ReplayConfig(url=r.url, speedup=speedup * args.time_scale)
                     t0 = time.monotonic()
                     out = asyncio.run(replay(trace, cfg, policy))
+                    summary = out.run.summary()
                     rows.append(
                         {
                             "mode": "live",
@@ -121,6 +123,9 @@ def live(args: argparse.Namespace) -> list[dict]:
                             "errors": out.errors,
                             "lora_swaps": _swaps(urls),
                             "hit_rate": round(out.worker_hit_rate or 0.0, 4),
+                            # the sim workers' clock runs time_scale times fast: model seconds
+                            "ttft_p50": round(summary["ttft_p50"] * args.time_scale, 3),
+                            "ttft_p90": round(summary["ttft_p90"] * args.time_scale, 3),
                             "wall_s": round(time.monotonic() - t0, 1),
                         }
                     )
@@ -165,12 +170,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--max-loras", type=int, default=2)
     p.add_argument("--adapters", type=int, nargs="+", default=[8, 16])
-    p.add_argument("--speedups", type=float, nargs="+", default=[0.25, 0.5])
+    p.add_argument("--speedups", type=float, nargs="+", default=[0.25, 0.5, 1.0])
     p.add_argument("--requests", type=int, default=None, help="first N requests of each trace")
     p.add_argument("--live", action="store_true", help="also replay live through the router")
     p.add_argument("--live-requests", type=int, default=400)
-    p.add_argument("--live-speedups", type=float, nargs="+", default=[0.5])
-    p.add_argument("--live-traces", nargs="+", default=["conversation_sample"], choices=TRACES)
+    p.add_argument("--live-speedups", type=float, nargs="+", default=[0.25, 0.5])
+    p.add_argument(
+        "--live-traces",
+        nargs="+",
+        default=["conversation_sample", "weka_agentic_sample"],
+        choices=TRACES,
+    )
     p.add_argument("--live-adapters", type=int, nargs="+", default=[8])
     p.add_argument("--time-scale", type=float, default=10.0, help="sim workers' clock (live)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "lora_affinity.json")

@@ -77,6 +77,31 @@ worker ``i`` in seconds:
 - Affinity: a session stays on the worker it was last sent to while that worker's cost is
   within ``affinity_margin`` (relative) plus ``affinity_slack_s`` of the best; the estimate is
   noisy and every move duplicates the session's prefix on a second worker.
+- Adapter affinity: a LoRA request that does not stay on its session's worker goes to the
+  cheapest healthy worker where its adapter is resident and not blocked (no slot to wait
+  for) while that worker's cost is within ``adapter_slack_s`` (plus ``adapter_margin``,
+  relative, 0 by default) of the best, as LoRA-aware routers do (the Gateway API Inference
+  Extension's LoRA-affinity filter, AIBrix). ``lora_i`` prices a swap as one request sees
+  it; it leaves out the chain a swap starts once every slot is in use: the adapter it
+  displaces reloads on its next request and displaces another, and so on, each load
+  stalling a running batch. At light load, where a load looks cheap beside a prefill,
+  ttft so kept adapters moving from worker to worker. The slack is absolute, not relative
+  like the session margin: avoiding a swap saves the same seconds whatever the prompt's
+  size (a relative margin moved 60k-token Weka prompts seconds away from their best
+  worker, raising its TTFT p90). Its default, ``10 * lora_load_s`` (0.5 s), is about one
+  chain once round a 4-worker fleet: about 5 loads, each stalling this request and a
+  running one; well under the queue of one long prompt, so load still spreads adapters
+  over workers (a request that spills loads a second copy, itself a home from then on).
+  Session affinity wins where both apply: a session kept on its worker (within its margin)
+  stays there even when its adapter is resident elsewhere. Its worker holds the session's
+  prefix under this adapter (an adapter's blocks are no hit anywhere else), so leaving
+  recomputes the whole prefix, seconds for an agentic session, against one adapter load
+  (tens of ms per running request); and with adapter first a session would follow its
+  adapter from worker to worker, duplicating its prefix at each move. A bound session
+  that leaves its worker (beyond the session margin) goes where its adapter is, within
+  the adapter slack. The rule applies only when no worker as cheap as the best holds the
+  adapter (otherwise the cost or balance branches already choose one that does); a request
+  without an adapter never reaches it.
 - An idle worker is never scored 0 regardless of cache (unlike LMetric): its cost is its own
   uncached prefill, so the warm idle worker beats the cold idle one.
 
@@ -84,10 +109,11 @@ Exact ties (an idle, cold fleet) go round-robin. Bindings live in a bounded LRU 
 picker reads the views only; the rate and the footprint are fed by the worker state's booking
 and report code (:mod:`router.cache.worker_state`), the same in the proxy and the simulator.
 
-Branches: ``affinity_stick`` (kept on its worker within the margin), ``affinity_moved``
-(a bound session sent elsewhere), ``balance`` (a new session among near-equal workers),
-``cost`` (one cheapest worker), ``tie_rr`` (round-robin among exact ties); requests without
-a session take ``cost`` or ``tie_rr``.
+Branches: ``affinity_stick`` (kept on its worker within the margin), ``adapter_stick`` (a
+LoRA request sent to a worker holding its adapter within the adapter margin, though another
+was cheaper), ``affinity_moved`` (a bound session sent elsewhere), ``balance`` (a new session
+among near-equal workers), ``cost`` (one cheapest worker), ``tie_rr`` (round-robin among exact
+ties); requests without a session take ``adapter_stick``, ``cost`` or ``tie_rr``.
 """
 
 from __future__ import annotations
@@ -103,6 +129,7 @@ from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
 
 AFFINITY_MARGIN = 0.1
 AFFINITY_SLACK_S = 0.05
+ADAPTER_MARGIN = 0.0  # a swap costs absolute seconds: the slack alone (see the module doc)
 EVICTION_WEIGHT = 1.0
 DISPLACE_CAP_TOKENS = 40_000
 MEMORY_WEIGHT = 1.0
@@ -116,6 +143,7 @@ BALANCE_SLACK_S = 0.005
 CHUNK_TOKENS = 8192
 SEQ_S = 0.00015
 LORA_LOAD_S = 0.05  # loading an adapter from host memory into a GPU slot (the sim worker's)
+ADAPTER_CHAIN = 10.0  # adapter_slack_s = ADAPTER_CHAIN * lora_load_s: a swap's chain of loads
 INF = float("inf")
 HARMONIC = [0.0]
 for _k in range(1, 65):
@@ -147,12 +175,16 @@ class TTFTPicker:
         seq_s: float = SEQ_S,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         lora_load_s: float = LORA_LOAD_S,
+        adapter_margin: float = ADAPTER_MARGIN,
+        adapter_slack_s: float | None = None,
     ) -> None:
         if prefill_tokens_per_s <= 0 or chunk_tokens <= 0:
             raise ValueError("prefill_tokens_per_s and chunk_tokens must be positive")
+        if adapter_slack_s is None:  # a swap's chain of loads (see the module docstring)
+            adapter_slack_s = ADAPTER_CHAIN * lora_load_s
         knobs = (affinity_margin, affinity_slack_s, eviction_weight, memory_weight, share_weight)
-        times = (share_tau_s, hopeless_s, live_s, balance_slack_s, lora_load_s)
-        if min(*knobs, block_weight, *times, displace_cap_tokens) < 0:
+        times = (share_tau_s, hopeless_s, live_s, balance_slack_s, lora_load_s, adapter_slack_s)
+        if min(*knobs, block_weight, adapter_margin, *times, displace_cap_tokens) < 0:
             raise ValueError("margins, weights, times and displace_cap_tokens must be >= 0")
         self.affinity_margin = affinity_margin
         self.affinity_slack_s = affinity_slack_s
@@ -170,6 +202,8 @@ class TTFTPicker:
         self.step_s = step_s
         self.seq_s = seq_s
         self.lora_load_s = lora_load_s
+        self.adapter_margin = adapter_margin
+        self.adapter_slack_s = adapter_slack_s
         self.sessions = SessionTable(max_sessions)
         self._rr = RoundRobinCounter()
 
@@ -179,13 +213,21 @@ class TTFTPicker:
         bound = self.sessions.get(session) if session is not None else None
         if bound is not None and (bound >= len(workers) or hits[bound] == UNHEALTHY):
             bound = None
-        costs = self.costs(request, workers, hits, keep=bound, exact=False)
+        homes = self._homes(request.adapter, workers, hits) if request.adapter is not None else ()
+        costs = self.costs(request, workers, hits, keep=bound, exact=False, also=homes)
         best = min(costs)  # unhealthy workers cost inf; at least one is healthy
         if bound is not None:
             bound_cost = costs[bound]
             if bound_cost <= best * (1.0 + self.affinity_margin) + self.affinity_slack_s:
                 return Pick(bound, "affinity_stick", hits[bound], best_hit)
-        elif session is not None and self.balance_slack_s:
+        if homes:
+            home = min(homes, key=costs.__getitem__)
+            cost = costs[home]
+            if best < cost <= best * (1.0 + self.adapter_margin) + self.adapter_slack_s:
+                if session is not None:
+                    self.sessions.bind(session, home)
+                return Pick(home, "adapter_stick", hits[home], best_hit)
+        if bound is None and session is not None and self.balance_slack_s:
             chosen = self._balance(request, workers, hits, costs, best)
             if chosen is not None:
                 self.sessions.bind(session, chosen)
@@ -200,6 +242,22 @@ class TTFTPicker:
         if session is not None:
             self.sessions.bind(session, chosen)
         return Pick(chosen, branch, hits[chosen], best_hit)
+
+    @staticmethod
+    def _homes(adapter: str, workers: Sequence[WorkerView], hits: Sequence[int]) -> list[int]:
+        """The healthy workers where ``adapter`` is resident and not blocked (a request for
+        it runs there without a load or a wait for a slot)."""
+        homes = []
+        for i, worker in enumerate(workers):
+            slots = getattr(worker, "adapters", None)
+            if (
+                slots is not None
+                and hits[i] != UNHEALTHY
+                and slots.resident(adapter)
+                and not slots.blocked(adapter)
+            ):
+                homes.append(i)
+        return homes
 
     def _balance(
         self,
@@ -263,14 +321,17 @@ class TTFTPicker:
         keep: int | None = None,
         exact: bool = True,
         learned_rates: bool = True,
+        also: Sequence[int] = (),
     ) -> list[float]:
         """Predicted seconds per worker (inf for unhealthy ones); see the module docstring.
 
         With ``exact=False`` (what :meth:`pick` uses) the KV charges (``evict``, ``wait``,
         never negative) are added only where they can matter: to the cheapest worker before
-        them, to ``keep`` (the session's worker), and to every worker whose cost before
-        them is at most the best total found so far. The others keep a lower bound that is
-        already above the minimum, so the minimum, its ties and ``keep``'s cost are exact.
+        them, to ``keep`` (the session's worker), to every worker whose cost before them is
+        at most the best total found so far, and to those of ``also`` (the adapter's
+        workers) within the adapter slack of the best. The others keep a lower bound that is
+        already above the minimum (or that slack), so the minimum, its ties, ``keep``'s cost
+        and every cost of ``also`` that the adapter rule could accept are exact.
         """
         length = request.input_length
         default_rate = self.prefill_tokens_per_s
@@ -331,9 +392,15 @@ class TTFTPicker:
             best = min(best, costs[keep])
         for i, worker in enumerate(workers):
             if costs[i] <= best and i not in done:
+                done.add(i)
                 costs[i] += charge(request, workers, worker, i, hits[i], learned, memory)
                 if costs[i] < best:
                     best = costs[i]
+        if also:  # the adapter's workers that the rule could still choose (charges only add)
+            limit = best * (1.0 + self.adapter_margin) + self.adapter_slack_s
+            for i in also:
+                if i not in done and costs[i] <= limit:
+                    costs[i] += charge(request, workers, workers[i], i, hits[i], learned, memory)
         return costs
 
     def _lora(self, slots: AdapterSlots, adapter: str, n: int, decode: int) -> float:

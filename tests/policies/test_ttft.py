@@ -302,3 +302,101 @@ def test_a_lora_request_goes_where_its_adapter_is_resident_and_spreads_when_slot
     new = RequestFeatures(blocks=[], input_length=100, adapter="lora-2", session_id="s3")
     assert picker.pick(new, [a, b]).worker == 1
     assert picker.costs(new, [a, b], [0, 0])[0] > picker.costs(new, [a, b], [0, 0])[1]
+
+
+def _lora_worker(worker, pending: int = 0, resident=(), running=(), max_loras: int = 2):
+    """A fake view with adapter slots: ``resident`` adapters loaded and idle, ``running``
+    ones booked (one request each)."""
+    from router.cache.lora import AdapterSlots
+
+    view = worker(len(running), pending=pending)
+    slots = AdapterSlots(max_loras)
+    for adapter in (*resident, *running):
+        slots.recent[adapter] = None
+    slots.running.update(dict.fromkeys(running, 1))
+    view.adapters = slots
+    return view
+
+
+def _lora_request(adapter: str | None, session: str | None = None):
+    from router.cache.features import RequestFeatures
+
+    return RequestFeatures([], 1000, session, adapter=adapter)
+
+
+def test_adapter_affinity_prefers_a_worker_holding_the_adapter_within_the_slack(worker):
+    # home holds lora-1 but has 3,000 tokens queued; cold is idle and pays one load (50 ms):
+    # home 4000/15000 + (4000/8192 + 1) * 0.012 = 0.2845 s, cold 0.0801 + 0.05 = 0.1301 s
+    home, cold = _lora_worker(worker, 3000, resident=["lora-1"]), _lora_worker(worker)
+    picker = TTFTPicker()
+    costs = picker.costs(_lora_request("lora-1"), [home, cold], [0, 0])
+    assert costs[0] == pytest.approx(4000 / RATE + (4000 / CHUNK + 1) * STEP)
+    assert costs[1] == pytest.approx(1000 / RATE + (1000 / CHUNK + 1) * STEP + 0.05)
+    assert costs[1] < costs[0] <= costs[1] + picker.adapter_slack_s  # within 10 * 50 ms
+    pick = picker.pick(_lora_request("lora-1", "s1"), [home, cold])
+    assert (pick.worker, pick.branch) == (0, "adapter_stick")
+    assert picker.sessions.get("s1") == 0  # the session is bound where it went
+    # without the rule (no slack) the cheaper cold worker loads the adapter
+    plain = TTFTPicker(adapter_slack_s=0.0).pick(_lora_request("lora-1"), [home, cold])
+    assert (plain.worker, plain.branch) == (1, "cost")
+    # the default slack follows the load's cost
+    assert TTFTPicker(lora_load_s=0.1).adapter_slack_s == pytest.approx(1.0)
+
+
+def test_adapter_affinity_lets_go_when_the_adapters_worker_is_clearly_worse(worker):
+    # 15,000 tokens queued on the adapter's worker: a second more than the cold one
+    home, cold = _lora_worker(worker, 15_000, resident=["lora-1"]), _lora_worker(worker)
+    pick = TTFTPicker().pick(_lora_request("lora-1"), [home, cold])
+    assert (pick.worker, pick.branch) == (1, "cost")
+    # a relative margin widens the rule for long prompts
+    wide = TTFTPicker(adapter_margin=10.0).pick(_lora_request("lora-1"), [home, cold])
+    assert (wide.worker, wide.branch) == (0, "adapter_stick")
+
+
+def test_adapter_affinity_skips_a_worker_where_the_adapter_is_blocked(worker):
+    # lora-1 is resident on home but both its slots run other adapters: it would wait
+    home = _lora_worker(worker, 3000, resident=["lora-1"], running=["lora-2", "lora-3"])
+    assert home.adapters.resident("lora-1") and home.adapters.blocked("lora-1")
+    cold = _lora_worker(worker)
+    picker = TTFTPicker(adapter_slack_s=100.0)  # any home would do: still not a blocked one
+    assert picker._homes("lora-1", [home, cold], [0, 0]) == []
+    pick = picker.pick(_lora_request("lora-1"), [home, cold])
+    assert (pick.worker, pick.branch) == (1, "cost")
+    # once a slot runs it again it is a home
+    home.adapters.running["lora-1"] = 1
+    del home.adapters.running["lora-3"]
+    pick = picker.pick(_lora_request("lora-1"), [home, cold])
+    assert (pick.worker, pick.branch) == (0, "adapter_stick")
+
+
+def test_a_bound_session_stays_on_its_worker_over_its_adapters_worker(worker):
+    # the session's worker lost lora-1 (it pays a load); another worker holds it. Within the
+    # session margin the session stays: its prefix under lora-1 lives on its worker.
+    home = _lora_worker(worker, resident=["lora-1"])
+    mine = _lora_worker(worker)
+    picker = TTFTPicker()
+    picker.sessions.bind("s1", 1)
+    pick = picker.pick(_lora_request("lora-1", "s1"), [home, mine])
+    assert (pick.worker, pick.branch) == (1, "affinity_stick")
+    # beyond the session margin, it goes where its adapter is (though a third is cheaper)
+    mine.pending_prefill_tokens = 30_000
+    busy_home = _lora_worker(worker, 3000, resident=["lora-1"])
+    picker.sessions.bind("s1", 1)
+    pick = picker.pick(_lora_request("lora-1", "s1"), [busy_home, mine, _lora_worker(worker)])
+    assert (pick.worker, pick.branch) == (0, "adapter_stick")
+
+
+def test_a_request_without_an_adapter_takes_the_old_path(worker):
+    # adapters resident anywhere make no difference to a base-model request
+    fleet = [_lora_worker(worker, 3000, resident=["lora-1"]), _lora_worker(worker)]
+    for slack in (0.0, 100.0):
+        picker = TTFTPicker(adapter_slack_s=slack, adapter_margin=slack)
+        pick = picker.pick(_lora_request(None), fleet)
+        assert (pick.worker, pick.branch) == (1, "cost")
+
+
+def test_adapter_parameters_must_not_be_negative():
+    with pytest.raises(ValueError):
+        TTFTPicker(adapter_margin=-0.1)
+    with pytest.raises(ValueError):
+        TTFTPicker(adapter_slack_s=-1.0)
