@@ -126,6 +126,7 @@ class PrivateRedis:
             ],
             stdout=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent,  # a supervisor killed hard leaves no redis behind
         )  # fmt: skip
         deadline = time.monotonic() + REDIS_START_S
         while time.monotonic() < deadline:

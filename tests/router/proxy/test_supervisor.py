@@ -139,3 +139,37 @@ def test_metrics_answer_for_every_process_whichever_one_a_scrape_reaches(fake_wo
         assert "process=" not in own and "cache_router_requests_total" in own
     finally:
         service.stop()
+
+
+def test_a_supervisor_killed_hard_leaves_no_private_redis(tmp_path):
+    """SIGKILL gives the supervisor no chance to stop its redis-server: the kernel does
+    (PR_SET_PDEATHSIG), as for the router children."""
+    need("redis-server")
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from router.proxy.supervisor import PrivateRedis\n"
+        "redis = PrivateRedis(Path(sys.argv[1]))\n"
+        "redis.start()\n"
+        "print(redis.proc.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        redis_pid = int(parent.stdout.readline())
+        os.kill(redis_pid, 0)  # running
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(redis_pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        os.kill(redis_pid, signal.SIGKILL)  # (ours: started by this test's child)
+        pytest.fail("the private redis-server outlived its supervisor")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
