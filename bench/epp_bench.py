@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from router.epp.envoy_config import envoy_binary, gateway_config  # noqa: E402
+from router.proxy.supervisor import end_process  # noqa: E402
 from traces.fleet import free_port  # noqa: E402
 
 FAKE_WORKER = ROOT.parent / "shared" / "bench" / "fake_worker.py"
@@ -72,13 +73,7 @@ class Procs:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            end_process(proc, 10.0)
         self.procs.clear()
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -27,13 +26,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from router.proxy.parse import form_model
 from traces.sim_worker_api import ApiError, chat_text, output_tokens, prompt_from_text
 from traces.sim_worker_engine import RealTimeWorker, WorkerUnavailable
 
 DEFAULT_MAX_OUTPUT_TOKENS = 16
 EMBEDDING_DIM = 8
 _TEXT_PARTS = ("input_text", "output_text", "text")
-_FORM_MODEL = re.compile(rb'name="model"[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]{1,256})\r\n')
 
 
 @dataclass
@@ -251,8 +250,7 @@ async def transcriptions(request: Request, model_name: str) -> Response:
         size += len(piece)
         if len(head) < 65536:
             head += piece[: 65536 - len(head)]
-    found = _FORM_MODEL.search(head)
-    model = found.group(1).decode() if found else None
+    model = form_model(head)
     if model is not None and model != model_name:
         raise ApiError(f"The model `{model}` does not exist.", 404, "NotFoundError")
     return JSONResponse(

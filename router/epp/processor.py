@@ -40,7 +40,7 @@ from router.fleet.pool import Worker
 from router.proxy.errors import BadRequest, NotFound, RouterError, ServiceUnavailable
 from router.proxy.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
 from router.proxy.routing import Routed, RouterCore
-from router.proxy.usage import StreamScanner, scan_body
+from router.proxy.usage import MAX_SCANNED_BODY, StreamScanner, scan_body
 
 log = logging.getLogger("cache_router.epp")
 
@@ -50,7 +50,6 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 WORKER_HEADER = "x-cache-router-worker"
 FALLBACKS = 2  # endpoints after the pick, for the gateway's retries
-MAX_SCANNED_BODY = 4 << 20
 _BodyMode = processing_mode_pb2.ProcessingMode.BodySendMode
 FULL_DUPLEX = _BodyMode.Value("FULL_DUPLEX_STREAMED")
 _CONTINUE = pb.CommonResponse()

@@ -83,7 +83,7 @@ from router.proxy.parse import CHAT, COMPLETION, STREAMED_BODIES
 from router.proxy.routing import PROMPT_KINDS, Routed, RouterCore
 from router.proxy.server import RouterCycle, client_channel
 from router.proxy.tokenize import Tokenizer
-from router.proxy.usage import StreamScanner, scan_body
+from router.proxy.usage import MAX_SCANNED_BODY, StreamScanner, scan_body
 
 log = logging.getLogger("cache_router.forward")
 
@@ -102,7 +102,6 @@ HOP_BY_HOP = frozenset(
     }
 )
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
-MAX_SCANNED_BODY = 4 << 20  # non-streamed bodies longer than this are not scanned for usage
 RESPONSE_ID_WITHIN = 64 << 10  # a response's id is looked for in its first bytes only
 BODY_PEEK = 64 << 10  # a streamed upload's first bytes, read before a worker is picked
 

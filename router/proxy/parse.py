@@ -173,6 +173,12 @@ def response_call_id(method: str, path: str) -> str | None:
 _FORM_MODEL = re.compile(rb'name="model"[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]{1,256})\r\n')
 
 
+def form_model(data: bytes) -> str | None:
+    """The ``model`` field of a multipart form, if ``data`` (its first bytes) holds it."""
+    found = _FORM_MODEL.search(data)
+    return found.group(1).decode("utf-8", "replace") if found else None
+
+
 def parse_other(
     kind: str, raw: bytes, content_type: bytes | None, session_header_value: str | None
 ) -> ParsedRequest:
@@ -182,9 +188,9 @@ def parse_other(
     first bytes: clients put the form's fields before the file)."""
     body: dict[str, Any] = {}
     if content_type is not None and content_type.startswith(b"multipart/form-data"):
-        found = _FORM_MODEL.search(raw)
-        if found is not None:
-            body = {"model": found.group(1).decode("utf-8", "replace")}
+        model = form_model(raw)
+        if model is not None:
+            body = {"model": model}
         raw = b""
     if raw and (content_type is None or content_type.startswith(b"application/json")):
         try:

@@ -24,6 +24,7 @@ _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _PROMPT = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')  # chat, responses
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[^"\\]{1,200})"')
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+MAX_SCANNED_BODY = 4 << 20  # a non-streamed body longer than this is not scanned for usage
 MAX_PENDING = 1 << 20  # an "event" this long without a blank line is not SSE: pass it on
 
 

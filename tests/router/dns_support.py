@@ -20,6 +20,8 @@ import dns.message
 import dns.query
 import pytest
 
+from router.proxy.supervisor import end_process
+
 
 def need_dnsmasq() -> str:
     """The path of dnsmasq; skip (or fail under ``CACHE_ROUTER_DNS=1``) without it."""
@@ -98,14 +100,8 @@ class Dnsmasq:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        if process is not None:
+            end_process(process, 5.0)
 
     def restart(self) -> None:
         self.stop()

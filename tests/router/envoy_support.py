@@ -12,6 +12,7 @@ import httpx
 import yaml
 
 from router.epp.envoy_config import envoy_binary, gateway_config
+from router.proxy.supervisor import end_process
 from traces.fleet import free_port
 
 
@@ -51,10 +52,5 @@ class Envoy:
         raise RuntimeError("envoy did not get ready")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        if self.process is not None:
+            end_process(self.process, 10.0)
