@@ -37,7 +37,14 @@ from google.protobuf import struct_pb2
 
 from router.cache.worker_state import Booking
 from router.fleet.pool import Worker
-from router.proxy.errors import BadRequest, NotFound, RouterError, ServiceUnavailable
+from router.proxy.errors import (
+    RETRY_AFTER,
+    RETRY_STATUSES,
+    BadRequest,
+    NotFound,
+    RouterError,
+    ServiceUnavailable,
+)
 from router.proxy.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
 from router.proxy.routing import Routed, RouterCore
 from router.proxy.usage import MAX_SCANNED_BODY, StreamScanner, scan_body
@@ -334,10 +341,11 @@ def immediate(error: RouterError) -> pb.ProcessingResponse:
             header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json")
         )
     ]
-    if error.status in (429, 503):
+    if error.status in RETRY_STATUSES:
+        name, value = RETRY_AFTER
         headers.append(
             base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key="retry-after", raw_value=b"1")
+                header=base_pb2.HeaderValue(key=name.decode(), raw_value=value)
             )
         )
     response = pb.ImmediateResponse(

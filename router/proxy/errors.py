@@ -116,6 +116,7 @@ def error_body(message: str, type_: str, code: str) -> bytes:
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 RETRY_AFTER = (b"retry-after", b"1")  # 429 / 503: the client may try again in a second
+RETRY_STATUSES = frozenset({429, 503})  # the answers that say Retry-After
 
 
 async def send_error(send, error: RouterError, extra_headers: list | None = None) -> None:
@@ -123,7 +124,7 @@ async def send_error(send, error: RouterError, extra_headers: list | None = None
     503 also says ``Retry-After``)."""
     body = error.body()
     headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-    if error.status in (429, 503):
+    if error.status in RETRY_STATUSES:
         headers.append(RETRY_AFTER)
     if extra_headers:
         headers.extend(extra_headers)

@@ -54,7 +54,7 @@ import uvicorn
 from router.config import Settings
 from router.proxy.accept import Acceptor
 from router.proxy.context import RouterContext
-from router.proxy.errors import error_body
+from router.proxy.errors import RETRY_STATUSES, error_body
 from router.proxy.parse import GENERATION_PATHS
 from router.proxy.uvicorn_support import require_supported
 
@@ -78,7 +78,7 @@ OVERLOADED_SCOPE_KEY = "cache_router.over_connection_limit"
 
 def _response(status: int, reason: bytes, message: str, type_: str, code: str) -> bytes:
     body = error_body(message, type_, code)
-    extra = b"retry-after: %d\r\n" % RETRY_AFTER_S if status in (429, 503) else b""
+    extra = b"retry-after: %d\r\n" % RETRY_AFTER_S if status in RETRY_STATUSES else b""
     return (
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
         b"%sconnection: close\r\n\r\n%s" % (status, reason, len(body), extra, body)
