@@ -35,6 +35,13 @@ class WorkerView(Protocol):
     @property
     def ongoing_decode_tokens(self) -> int: ...
 
+    @property
+    def held_tokens(self) -> int:
+        """KV tokens booked: prompt plus expected output of every request booked there."""
+
+    @property
+    def kv_capacity_tokens(self) -> int: ...
+
     def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
         """Tokens of the longest prefix of the request the worker probably has cached.
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from policies.base import Picker
 from policies.capped import CappedPicker
+from policies.decode_load import DecodeLoadPicker
 from policies.lmetric import LMetricPicker
 from policies.load_only import LoadOnlyPicker
 from policies.power_of_two import PowerOfTwoPicker
@@ -37,6 +38,7 @@ PICKERS: dict[str, Callable[..., Picker]] = {
         RandomPicker,
         PowerOfTwoPicker,
         SGLangCacheAwarePicker,
+        DecodeLoadPicker,
     )
 }
 

@@ -50,6 +50,31 @@ class Settings(BaseSettings):
         default_factory=list,
         description="worker base URLs (vLLM or SGLang), e.g. http://10.0.0.5:8000",
     )
+    prefill_workers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="prefill workers of a disaggregated fleet: URL [BOOTSTRAP_PORT] ... (an "
+        "SGLang prefill server's bootstrap port may follow its URL, as in sglang-router)",
+    )
+    decode_workers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="decode workers of a disaggregated fleet"
+    )
+    bootstrap_ports: dict[str, int] = Field(
+        default_factory=dict,
+        description="SGLang prefill workers' bootstrap ports: URL=PORT (default "
+        "--default-bootstrap-port)",
+    )
+    default_bootstrap_port: int = Field(
+        8998, ge=1, le=65535, description="SGLang's default --disaggregation-bootstrap-port"
+    )
+    pd_protocol: Literal["auto", "vllm", "sglang"] = Field(
+        "auto",
+        description="protocol of a disaggregated request: vllm (prefill with max_tokens 1, "
+        "its kv_transfer_params to the decode), sglang (both at once with bootstrap "
+        "host/port/room), auto: sglang if the prefill worker's /metrics are SGLang's",
+    )
+    decode_policy: str = Field(
+        "decode_load", description="picker of decode workers (prefill workers: --policy)"
+    )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8080, ge=0, le=65535, description="port to listen on")
     policy: str = Field("ttft", description=f"picker: one of {', '.join(PICKER_NAMES)}")
@@ -291,10 +316,36 @@ class Settings(BaseSettings):
     def _processes_as_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
-    @field_validator("workers", "api_keys", "discover", mode="before")
+    @field_validator(
+        "workers", "prefill_workers", "decode_workers", "api_keys", "discover", mode="before"
+    )
     @classmethod
     def _lists(cls, value: Any) -> Any:
-        return _split_list(value)
+        value = _split_list(value)
+        if isinstance(value, list):  # YAML may give a bootstrap port as a number
+            value = [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bootstrap_ports(cls, data: Any) -> Any:
+        """``--prefill URL PORT``: a number after a prefill URL is its bootstrap port."""
+        if not isinstance(data, dict) or not data.get("prefill_workers"):
+            return data
+        items = _split_list(data["prefill_workers"])
+        if not isinstance(items, list):
+            return data
+        urls: list[str] = []
+        ports = dict(data.get("bootstrap_ports") or {})
+        for item in items:
+            text = str(item).strip()
+            if text.isdigit():
+                if not urls:
+                    raise ValueError(f"prefill_workers: port {text} follows no URL")
+                ports.setdefault(urls[-1], int(text))
+            else:
+                urls.append(text)
+        return {**data, "prefill_workers": urls, "bootstrap_ports": ports}
 
     @field_validator("worker_models", mode="before")
     @classmethod
@@ -309,7 +360,7 @@ class Settings(BaseSettings):
             out[normalize_url(url)] = [str(name) for name in names]
         return out
 
-    @field_validator("workers")
+    @field_validator("workers", "prefill_workers", "decode_workers")
     @classmethod
     def _urls(cls, value: list[str]) -> list[str]:
         out: list[str] = []
@@ -337,14 +388,22 @@ class Settings(BaseSettings):
                 raise ValueError("a key must not be empty")
         return value
 
-    @field_validator("worker_kv_capacity_tokens")
+    @field_validator("worker_kv_capacity_tokens", "bootstrap_ports")
     @classmethod
-    def _capacity_urls(cls, value: dict[str, int]) -> dict[str, int]:
-        return {normalize_url(url): tokens for url, tokens in value.items()}
+    def _keyed_by_url(cls, value: dict[str, int]) -> dict[str, int]:
+        return {normalize_url(url): number for url, number in value.items()}
 
     @model_validator(mode="after")
     def _check_names(self) -> Settings:
         make_picker(self.policy, **self.picker_params)  # ValueError lists what is valid
+        make_picker(self.decode_policy)
+        roles = [*self.workers, *self.prefill_workers, *self.decode_workers]
+        twice = sorted({url for url in roles if roles.count(url) > 1})
+        if twice:
+            raise ValueError(f"a worker has one role: {', '.join(twice)} given twice")
+        for url, port in self.bootstrap_ports.items():
+            if not 0 < port < 65536:
+                raise ValueError(f"bootstrap_ports: {url}={port} is not a port")
         if self.tokenizer not in ("approx", "worker") and not Path(self.tokenizer).exists():
             raise ValueError(
                 f"tokenizer must be 'approx', 'worker' or an existing path, not {self.tokenizer!r}"
@@ -378,6 +437,18 @@ class Settings(BaseSettings):
         except (OSError, ValueError):
             pass
         return max(1, cores)
+
+    def roles(self) -> list[tuple[str, str]]:
+        """Every configured worker and its role (``both``, ``prefill`` or ``decode``)."""
+        return [
+            *((url, "both") for url in self.workers),
+            *((url, "prefill") for url in self.prefill_workers),
+            *((url, "decode") for url in self.decode_workers),
+        ]
+
+    def bootstrap_port(self, url: str) -> int:
+        """The SGLang bootstrap port of the prefill worker at ``url``."""
+        return self.bootstrap_ports.get(url, self.default_bootstrap_port)
 
     def capacity_for(self, url: str) -> int:
         """KV capacity (tokens) of the worker at ``url``."""

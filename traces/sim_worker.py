@@ -21,6 +21,24 @@ does; ``--kv-events-config`` publishes the model's KV events over ZMQ as both en
 (:mod:`traces.kv_event_publisher`, :mod:`traces.kv_event_wire`), so precise mode runs live
 without a GPU.
 
+Disaggregated serving (``--role prefill|decode``; ``both``, the default, is aggregated and
+ignores the fields below): the worker plays one side of prefill/decode disaggregation in
+its flavor's protocol. vLLM (NixlConnector): a prefill needs ``kv_transfer_params`` with
+``do_remote_decode: true``, runs the request and adds the ``kv_transfer_params`` a decode
+needs to its (non-streamed) response, holding the KV ``--kv-hold-s`` for one
+``POST /sim/kv_pull``; a decode needs those params (``do_remote_prefill: true``), pulls from
+the prefill, then runs. SGLang (mini_lb): both get the same body with ``bootstrap_host``,
+``bootstrap_port``, ``bootstrap_room``; the prefill runs the prompt as a one-token request
+and publishes the room on its bootstrap listener (``--disaggregation-bootstrap-port``, a
+second socket: ``GET /sim/room/{room}``); the decode polls that until ready. A decode
+waits the transfer time (``--kv-transfer-latency-ms`` + tokens x ``--kv-bytes-per-token`` /
+``--kv-transfer-gbps``, model time like every cost, for the prompt tokens it has not
+cached itself), then runs with no prompt compute (``SimRequest.kv_transferred``). A request
+without its role's fields is a 400, a failed transfer a 503; ``/metrics`` adds
+``sim:kv_transfers_total{direction}``, ``sim:kv_transfer_tokens_total{direction}`` and
+``sim:kv_transfer_failures_total``; ``/server_info`` gives ``disaggregation_mode``. See
+:mod:`traces.sim_worker_pd`.
+
 The engine that runs the model in real time, and the metrics, are in
 :mod:`traces.sim_worker_engine`; request parsing and bodies in :mod:`traces.sim_worker_api`.
 
@@ -43,9 +61,11 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router import __version__
 from router.cache.radix_tree import EVICTION_POLICIES
@@ -70,6 +90,14 @@ from traces.sim_worker_engine import (
     VllmCollector,
     WorkerUnavailable,
 )
+from traces.sim_worker_pd import (
+    DEFAULT_BOOTSTRAP_PORT,
+    ROLES,
+    Disaggregation,
+    Leg,
+    PdCollector,
+    PdConfig,
+)
 from traces.sim_worker_responses import ResponsesApi, transcriptions
 from traces.worker_model import WorkerModelConfig, add_model_options, model_config_from_args
 
@@ -86,6 +114,7 @@ class SimWorkerConfig:
     flavor: Flavor = "vllm"  # the engine it imitates: /metrics names, KV event encoding
     kv_events: PublisherConfig | None = None  # publish KV events (traces/kv_event_publisher.py)
     loras: tuple[str, ...] = ()  # LoRA adapters served (vLLM's --lora-modules names)
+    pd: PdConfig = field(default_factory=PdConfig)  # disaggregated prefill/decode role
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -127,6 +156,9 @@ class _Service:
         self.registry.register(collector(worker, config.model_name))
         if config.loras:
             self.registry.register(LoraCollector(worker, config.flavor))
+        self.pd = Disaggregation(config.pd, config.flavor, worker)
+        if config.pd.role != "both":
+            self.registry.register(PdCollector(self.pd))
 
     async def _body(self, request: Request) -> dict[str, Any]:
         raw = await request.body()
@@ -151,22 +183,35 @@ class _Service:
         self, parse: Callable[[dict[str, Any], int], GenRequest]
     ) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
-            gen = parse(await self._body(request), self.config.context_len)
-            return await self._serve(gen, self._check_model(gen.model))
+            body = await self._body(request)
+            gen = parse(body, self.config.context_len)
+            adapter = self._check_model(gen.model)
+            # vLLM's request id: the X-Request-Id header (a PD router sends the same to both)
+            base = request.headers.get("x-request-id") or f"{self._rng.getrandbits(64):016x}"
+            leg = await self.pd.leg(body, gen, adapter, base, request.scope.get("server"))
+            return await self._serve(leg, adapter, base)
 
         return handle
 
-    async def _serve(self, gen: GenRequest, adapter: str | None) -> Response:
+    async def _serve(self, leg: Leg, adapter: str | None, base_id: str) -> Response:
         """Submit to the model; answer at the finish, or stream from the first token."""
-        prompt = gen.prompt
+        gen, prompt = leg.gen, leg.gen.prompt
         try:
             handle = self.worker.submit(
-                prompt.blocks, prompt.input_length, gen.max_tokens, prompt.tokens, adapter
+                prompt.blocks,
+                prompt.input_length,
+                gen.max_tokens,
+                prompt.tokens,
+                adapter,
+                kv_transferred=leg.kv_transferred,
+                on_end=leg.on_end,
             )
         except WorkerUnavailable as exc:
+            if leg.on_end is not None:
+                leg.on_end(False)
             raise _unavailable(exc) from None
         prefix = {"chat": "chatcmpl-", "completion": "cmpl-", "generate": ""}[gen.kind]
-        rid = f"{prefix}{self._rng.getrandbits(64):016x}"
+        rid = prefix + base_id
         if gen.stream:
             events = self._events(gen, handle, rid)
             return StreamingResponse(events, media_type="text/event-stream")
@@ -176,7 +221,7 @@ class _Service:
             raise _unavailable(exc) from None
         latency = self.worker.clock() - handle.submitted
         text = "".join(output_tokens(gen.max_tokens))
-        return JSONResponse(self._reply(gen, handle, rid).full(text, latency))
+        return JSONResponse({**self._reply(gen, handle, rid).full(text, latency), **leg.extra})
 
     def _reply(self, gen: GenRequest, handle: Handle, rid: str) -> Reply:
         req = handle.request
@@ -250,6 +295,25 @@ class _Service:
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": f"cache-router-sim {__version__}"})
 
+    async def server_info(self, request: Request) -> Response:
+        """SGLang's ``/server_info`` (a few fields): the PD role as ``disaggregation_mode``."""
+        pd = self.pd
+        port = pd.bootstrap.port if pd.bootstrap is not None else None
+        return JSONResponse(
+            {
+                "model_path": self.config.model_name,
+                "served_model_name": self.config.model_name,
+                "flavor": self.config.flavor,
+                "disaggregation_mode": pd.mode,
+                "disaggregation_bootstrap_port": port,
+                "engine_id": pd.engine_id,
+                "version": f"cache-router-sim {__version__}",
+            }
+        )
+
+    async def kv_pull(self, request: Request) -> Response:
+        return JSONResponse(self.pd.kv_pull(await self._body(request)))
+
     async def metrics(self, request: Request) -> Response:
         self.worker.sync()
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
@@ -283,10 +347,27 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
 
 
+class _StartFirst:
+    """ASGI middleware: ``start()`` before the first request (the SGLang bootstrap listener
+    of an app run without lifespan; idempotent)."""
+
+    def __init__(self, app: ASGIApp, start: Callable[[], Awaitable[None]]) -> None:
+        self.app = app
+        self.start = start
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.start()
+        await self.app(scope, receive, send)
+
+
 def create_app(config: SimWorkerConfig | None = None) -> Starlette:
     """The ASGI app of one simulated worker (``app.state.worker`` is its RealTimeWorker;
     ``app.state.kv_events`` its KV event publisher or None, closed at shutdown, or by the
-    caller when it runs the app without lifespan)."""
+    caller when it runs the app without lifespan; ``app.state.pd`` its
+    :class:`traces.sim_worker_pd.Disaggregation`: a SGLang prefill binds its bootstrap
+    socket here, serves it from the first request or the lifespan's startup, and closes it
+    at shutdown, or ``app.state.pd.close()`` by the caller)."""
     config = config or SimWorkerConfig()
     publisher = KVEventPublisher(config.kv_events) if config.kv_events is not None else None
     on_events = publisher.publish if publisher is not None else None
@@ -319,19 +400,30 @@ def create_app(config: SimWorkerConfig | None = None) -> Starlette:
         Route("/metrics", svc.metrics, methods=get),
         Route("/reset_prefix_cache", svc.reset_prefix_cache, methods=post),
         Route("/flush_cache", svc.reset_prefix_cache, methods=[*post, *get]),  # SGLang's
+        Route("/server_info", svc.server_info, methods=get),
+        Route("/get_server_info", svc.server_info, methods=get),  # SGLang's older name
     ]
+    pd = svc.pd
+    if config.pd.role == "prefill" and config.flavor == "vllm":
+        routes.append(Route("/sim/kv_pull", svc.kv_pull, methods=post))
     handlers = {ApiError: _api_error, HTTPException: _http_error}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
+            await pd.start()
             yield
         finally:
+            pd.close()
             if publisher is not None:
                 publisher.close()
 
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    middleware = [Middleware(_StartFirst, start=pd.start)] if pd.bootstrap is not None else []
+    app = Starlette(
+        routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware
+    )
     app.state.worker = worker
+    app.state.pd = pd
     app.state.config = config
     app.state.kv_events = publisher
     return app
@@ -408,6 +500,58 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="SEQ,...",
         help="tests: batches with these sequence numbers are kept for replay, never sent",
     )
+    pd = PdConfig()
+    g = p.add_argument_group(
+        "disaggregated prefill/decode",
+        "serve one side of PD serving, in the protocol of --flavor: vllm is the "
+        "NixlConnector's (kv_transfer_params; a decode pulls from the prefill's "
+        "POST /sim/kv_pull), sglang is mini_lb's (bootstrap_host/port/room; a decode polls "
+        "GET /sim/room/{room} on the prefill's bootstrap port). See traces/sim_worker_pd.py.",
+    )
+    g.add_argument(
+        "--role",
+        choices=ROLES,
+        default=pd.role,
+        help="both: aggregated (PD fields ignored); prefill / decode: one side of PD",
+    )
+    g.add_argument(
+        "--kv-transfer-latency-ms",
+        type=float,
+        default=pd.kv_transfer_latency_s * 1000,
+        help="fixed cost of one KV transfer (model time, scaled by --time-scale)",
+    )
+    g.add_argument(
+        "--kv-transfer-gbps",
+        type=float,
+        default=pd.kv_transfer_gbps,
+        help="KV transfer bandwidth in GB/s (model time, scaled by --time-scale)",
+    )
+    g.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=pd.kv_bytes_per_token,
+        help="KV bytes of one token (the default: an 8B model, 32 layers x 8 KV heads x 128 "
+        "x 2 x bf16); a decode transfers only the prompt tokens it has not cached itself",
+    )
+    g.add_argument(
+        "--disaggregation-bootstrap-port",
+        type=int,
+        default=DEFAULT_BOOTSTRAP_PORT,
+        help="SGLang prefill: the bootstrap listener's port, a second socket on --host "
+        "(0: a free one, printed at start)",
+    )
+    g.add_argument(
+        "--kv-hold-s",
+        type=float,
+        default=pd.kv_hold_s,
+        help="prefill: real seconds a finished prefill's KV waits for its decode to pull it",
+    )
+    g.add_argument(
+        "--kv-wait-timeout-s",
+        type=float,
+        default=pd.kv_wait_timeout_s,
+        help="SGLang decode: real seconds it polls for its bootstrap room before a 503",
+    )
     p.add_argument(
         "--log-level",
         default="info",
@@ -441,6 +585,16 @@ def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
         flavor=args.flavor,
         kv_events=events,
         loras=tuple(args.lora),
+        pd=PdConfig(
+            role=args.role,
+            kv_transfer_latency_s=args.kv_transfer_latency_ms / 1000,
+            kv_transfer_gbps=args.kv_transfer_gbps,
+            kv_bytes_per_token=args.kv_bytes_per_token,
+            bootstrap_port=args.disaggregation_bootstrap_port,
+            kv_hold_s=args.kv_hold_s,
+            kv_wait_timeout_s=args.kv_wait_timeout_s,
+            host=args.host,
+        ),
     )
 
 
@@ -449,11 +603,19 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_args(args)
-    except ValueError as exc:
+        app = create_app(config)
+    except (ValueError, OSError) as exc:
         print(f"cache-router sim-worker: error: {exc}", file=sys.stderr)
         return 2
+    bootstrap = app.state.pd.bootstrap
+    if bootstrap is not None:
+        print(
+            f"cache-router sim-worker: SGLang bootstrap server on {args.host}:{bootstrap.port}",
+            file=sys.stderr,
+            flush=True,
+        )
     uvicorn.run(
-        create_app(config),
+        app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,

@@ -57,6 +57,9 @@ class Handle:
     first: asyncio.Future[float]
     done: asyncio.Future[float]
     submitted: float  # real (loop) time
+    # called once when the request ends: True at its finish, False if the model failed (a
+    # plain callback, so a waiter that is cancelled, a client gone, does not skip it)
+    on_end: Callable[[bool], None] | None = None
 
 
 def _resolve(fut: asyncio.Future[float], t: float) -> None:
@@ -118,15 +121,25 @@ class RealTimeWorker:
         output_length: int,
         tokens: bytes | None = None,
         adapter: str | None = None,
+        kv_transferred: bool = False,
+        on_end: Callable[[bool], None] | None = None,
     ) -> Handle:
         """Queue a request at model time now; await ``handle.first`` / ``handle.done``.
         ``tokens``: the prompt's ids, which its KV events carry; ``adapter``: the LoRA
-        adapter it runs (None: the base model)."""
+        adapter it runs (None: the base model); ``kv_transferred``: a disaggregated decode
+        whose prompt KV came from a prefill worker; ``on_end``: see :class:`Handle`."""
         if self.failed is not None:
             raise WorkerUnavailable(str(self.failed))
         loop = self._bind()
-        req = SimRequest(blocks, input_length, output_length, tokens=tokens, adapter=adapter)
-        handle = Handle(req, loop.create_future(), loop.create_future(), loop.time())
+        req = SimRequest(
+            blocks,
+            input_length,
+            output_length,
+            tokens=tokens,
+            adapter=adapter,
+            kv_transferred=kv_transferred,
+        )
+        handle = Handle(req, loop.create_future(), loop.create_future(), loop.time(), on_end)
         req.tag = handle
         self.sync()
         self._inflight.add(handle)
@@ -207,13 +220,18 @@ class RealTimeWorker:
 
     def _on_finish(self, req: SimRequest, t: float) -> None:
         self.generation_tokens += max(0, req.output_length - 1)
-        self._inflight.discard(req.tag)
-        _resolve(req.tag.done, t)
+        handle = req.tag
+        self._inflight.discard(handle)
+        if handle.on_end is not None:
+            handle.on_end(True)
+        _resolve(handle.done, t)
 
     def _fail(self, exc: Exception) -> None:
         log.exception("worker model failed; the simulated worker is now unhealthy")
         self.failed = exc
         for handle in self._inflight:
+            if handle.on_end is not None:
+                handle.on_end(False)
             for fut in (handle.first, handle.done):
                 if not fut.done():
                     fut.set_exception(WorkerUnavailable(str(exc)))

@@ -2,6 +2,11 @@
 
 Every policy sees the same trace and a fresh fleet (fresh worker models and shadows); the
 ``capped`` policy sees the trace capped to its sessions' first turns (seed 002).
+
+``--prefill-workers P --decode-workers D`` simulates a disaggregated fleet of P + D workers
+instead of ``--workers``: each policy picks the prefill worker, ``--decode-policy`` the
+decode worker, and the prompt's KV crosses in ``--kv-transfer-latency-ms`` plus its bytes
+(``--kv-bytes-per-token``) at ``--kv-transfer-gbps`` (traces/simulator.py).
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     """Options shared by ``simulate`` and ``demo``."""
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated picker names")
     p.add_argument("--workers", type=int, default=8, help="simulated workers")
+    add_disaggregation_options(p)
     p.add_argument("--shadow", choices=SHADOW_KINDS, default="blocks", help="router shadow")
     add_model_options(p, "each worker's KV cache in tokens (the shadows get the same)")
     p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
@@ -139,6 +145,48 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_disaggregation_options(p: argparse.ArgumentParser) -> None:
+    """A disaggregated prefill/decode fleet and its KV transfers (``SimConfig``'s fields)."""
+    d = SimConfig()
+    p.add_argument(
+        "--prefill-workers",
+        type=int,
+        default=d.prefill_workers,
+        help="with --decode-workers: a disaggregated fleet of that many prefill workers "
+        "(--workers is then ignored); the policies pick among them",
+    )
+    p.add_argument(
+        "--decode-workers",
+        type=int,
+        default=d.decode_workers,
+        help="decode workers of a disaggregated fleet (with --prefill-workers)",
+    )
+    p.add_argument(
+        "--decode-policy",
+        choices=PICKER_NAMES,
+        default=d.decode_policy,
+        help="picker of the decode worker in a disaggregated fleet",
+    )
+    p.add_argument(
+        "--kv-transfer-latency-ms",
+        type=float,
+        default=d.kv_transfer_latency_s * 1000,
+        help="fixed cost of one prefill-to-decode KV transfer",
+    )
+    p.add_argument(
+        "--kv-transfer-gbps",
+        type=float,
+        default=d.kv_transfer_gbps,
+        help="KV transfer bandwidth, GB/s (1e9 bytes)",
+    )
+    p.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=d.kv_bytes_per_token,
+        help="KV bytes of one prompt token (all layers), what a transfer moves per token",
+    )
+
+
 def add_pacing_option(p: argparse.ArgumentParser) -> None:
     """``--pacing``, shared by ``simulate``, ``demo``, ``replay`` and ``sweep``."""
     p.add_argument(
@@ -153,7 +201,11 @@ def add_pacing_option(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     if args.workers < 1 or args.speedup <= 0 or args.kv_capacity_tokens < 512:
         raise ValueError("need --workers >= 1, --speedup > 0, --kv-capacity-tokens >= 512")
+    prefill, decode = getattr(args, "prefill_workers", 0), getattr(args, "decode_workers", 0)
+    if (prefill > 0) != (decode > 0) or prefill < 0 or decode < 0:
+        raise ValueError("a disaggregated fleet needs both --prefill-workers and --decode-workers")
     worker = model_config_from_args(args)
+    defaults = SimConfig()
     return SimConfig(
         workers=args.workers,
         worker=worker,
@@ -166,6 +218,15 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         shadow_capacity_tokens=args.shadow_capacity_tokens,
         correct_shadow=CORRECTIONS[args.correct_shadow],
+        prefill_workers=prefill,
+        decode_workers=decode,
+        decode_policy=getattr(args, "decode_policy", defaults.decode_policy),
+        kv_transfer_latency_s=getattr(
+            args, "kv_transfer_latency_ms", defaults.kv_transfer_latency_s * 1000
+        )
+        / 1000,
+        kv_transfer_gbps=getattr(args, "kv_transfer_gbps", defaults.kv_transfer_gbps),
+        kv_bytes_per_token=getattr(args, "kv_bytes_per_token", defaults.kv_bytes_per_token),
     )
 
 
@@ -179,23 +240,81 @@ def run_and_report(
         trace = trace[: args.max_requests]
     if args.max_output_tokens is not None:
         trace = cap_output(trace, args.max_output_tokens)
+    fleet = (
+        f"{config.prefill_workers} prefill + {config.decode_workers} decode workers "
+        f"(decode policy {config.decode_policy})"
+        if config.disaggregated
+        else f"{config.workers} workers"
+    )
     print(
-        f"{len(trace)} requests, {config.workers} workers, shadow={config.shadow}, "
+        f"{len(trace)} requests, {fleet}, shadow={config.shadow}, "
         f"KV {config.worker.kv_capacity_tokens:,} tokens/worker",
         file=sys.stderr,
     )
     started = time.perf_counter()
     runs = run_policies(trace, policies, config, args.seed, args.max_turns, progress=True)
     summary = trace_summary(trace_path, trace)
-    document = results_document(summary, config.workers, time.perf_counter() - started, runs)
+    document = results_document(summary, config.fleet_size, time.perf_counter() - started, runs)
+    if config.disaggregated:
+        add_disaggregation(document, config, runs)
     written = write_results(document, out)
+    if config.disaggregated:
+        with (out / "results.md").open("a") as md:
+            md.write(f"\nDisaggregated: {fleet}.\n\n{disaggregation_table(document)}\n")
     if plots:
         written += write_plots(runs, out)
     print(markdown_table(document))
+    if config.disaggregated:
+        print(f"\ndisaggregated, {fleet}:\n{disaggregation_table(document)}")
     if summary["hit_ceiling"] is not None:
         print(f"\ninfinite-cache hit ceiling of this trace: {summary['hit_ceiling']:.1%}")
     print(f"{document['wall_seconds']:.1f} s; wrote {', '.join(str(p) for p in written)}")
     return document
+
+
+DISAGGREGATION_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # key, header, format ("ms": seconds shown in milliseconds)
+    ("prefill_hit_rate", "prefill hit rate", "{:.1%}"),
+    ("decode_imbalance", "decode max/mean", "{:.2f}"),
+    ("transfer_p50", "transfer p50 ms", "ms"),
+    ("transfer_p90", "transfer p90 ms", "ms"),
+    ("transfer_saved", "KV on decode", "{:.1%}"),
+    ("ttft_p50", "TTFT p50 s", "{:.3f}"),
+    ("ttft_p90", "TTFT p90 s", "{:.3f}"),
+    ("tpot_p50", "TPOT p50 ms", "ms"),
+    ("tpot_p90", "TPOT p90 ms", "ms"),
+)
+
+
+def add_disaggregation(document: dict, config: SimConfig, runs: Sequence[PolicyRun]) -> None:
+    """A disaggregated run's fleet, transfer model and decode picks in ``document``."""
+    document["disaggregated"] = {
+        "prefill_workers": config.prefill_workers,
+        "decode_workers": config.decode_workers,
+        "decode_policy": config.decode_policy,
+        "kv_transfer_latency_s": config.kv_transfer_latency_s,
+        "kv_transfer_gbps": config.kv_transfer_gbps,
+        "kv_bytes_per_token": config.kv_bytes_per_token,
+    }
+    for run in runs:
+        entry = document["policies"][run.name]
+        entry["decode_branches"] = dict(sorted(run.decode_branches.items()))
+
+
+def disaggregation_table(document: dict) -> str:
+    """One row per policy: the prefill side's hit rate, the decode side's balance, the KV
+    transfers, TTFT (to the decode worker's first token) and TPOT."""
+    header = "| policy | " + " | ".join(h for _, h, _ in DISAGGREGATION_COLUMNS) + " |"
+    rows = [header, "|---|" + "---:|" * len(DISAGGREGATION_COLUMNS)]
+    for name, entry in document["policies"].items():
+        cells = []
+        for key, _, fmt in DISAGGREGATION_COLUMNS:
+            value = entry.get(key)
+            cells.append(
+                "" if value is None else f"{value * 1000:.1f}" if fmt == "ms" else fmt.format(value)
+            )
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def _main(args: argparse.Namespace) -> int:

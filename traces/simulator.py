@@ -22,6 +22,21 @@ workers' ``vllm:lora_requests_info`` tells the live router) and runs on the work
 under the adapter (``max_loras`` per batch, a load per swap); ``lora_swaps`` counts the
 workers' loads.
 
+Disaggregated fleets (``prefill_workers`` and ``decode_workers`` both > 0; ``workers`` is
+then ignored: the fleet is P + D): vLLM's NixlConnector flow. The policy under test picks a
+prefill worker among the prefill workers' states (its shadows, its booking, so the hit rate
+reported is the prefill workers' true one); the prefill runs there as a request with one output
+token (booked with an expected output of 1). At its first token the prefill booking is
+released and ``decode_policy`` (:mod:`policies.decode_load` by default) picks a decode worker
+among the decode workers' states, booked with the request's full expected output. The
+prompt's KV then crosses in ``kv_transfer_latency_s + tokens * kv_bytes_per_token /
+(kv_transfer_gbps * 1e9)`` seconds, ``tokens`` the prompt less the prefix the decode
+worker's model already holds (whole blocks, counted when the transfer starts), after which
+the decode worker model admits it with ``kv_transferred`` (no prompt token computed; its first
+token one step after admission). TTFT is arrival to the decode worker's first token, TPOT
+the decode worker's. The prefill worker keeps the blocks cached as any finished request's
+(the transfer reads them while they are still fresh; the model does not pin them for it).
+
 Picks are timed with the wall clock (``pick_us``); everything else is virtual time.
 """
 
@@ -36,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from policies.base import Picker, RequestFeatures
+from policies.registry import make_picker, picker_params
 from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.block_lru import BlockLRU
 from router.cache.feedback import correct_shadow
@@ -68,6 +84,38 @@ class SimConfig:
     # proxy runs it, only while the shadows' capacity is a guess (shadow_capacity_tokens set)
     correct_shadow: bool | None = None
     base_model: str | None = None  # requests naming another model run it as a LoRA adapter
+    # disaggregated prefill/decode (both > 0; ``workers`` is then ignored, the fleet is P + D)
+    prefill_workers: int = 0
+    decode_workers: int = 0
+    decode_policy: str = "decode_load"  # picks the decode worker (policies.registry name)
+    kv_transfer_latency_s: float = 0.002  # per transfer, prefill worker to decode worker
+    kv_transfer_gbps: float = 25.0  # GB/s (1e9 bytes) of one transfer
+    kv_bytes_per_token: int = 131_072  # KV bytes of one prompt token (all layers)
+
+    def __post_init__(self) -> None:
+        if (self.prefill_workers > 0) != (self.decode_workers > 0):
+            raise ValueError("a disaggregated fleet needs both prefill_workers and decode_workers")
+        if self.prefill_workers < 0 or self.decode_workers < 0:
+            raise ValueError("prefill_workers and decode_workers must be >= 0")
+        if self.kv_transfer_latency_s < 0 or self.kv_bytes_per_token < 0:
+            raise ValueError("kv_transfer_latency_s and kv_bytes_per_token must be >= 0")
+        if not self.kv_transfer_gbps > 0:
+            raise ValueError("kv_transfer_gbps must be > 0")
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_workers > 0 and self.decode_workers > 0
+
+    @property
+    def fleet_size(self) -> int:
+        """Workers simulated: ``workers``, or P + D for a disaggregated fleet."""
+        return self.prefill_workers + self.decode_workers if self.disaggregated else self.workers
+
+    def transfer_s(self, tokens: int) -> float:
+        """Seconds to move ``tokens`` prompt tokens' KV from a prefill to a decode worker."""
+        return self.kv_transfer_latency_s + tokens * self.kv_bytes_per_token / (
+            self.kv_transfer_gbps * 1e9
+        )
 
 
 @dataclass
@@ -91,6 +139,15 @@ class PolicyRun:
     wall_seconds: float
     estimates: dict[str, np.ndarray] = field(default_factory=dict)  # per kind, nan: none
     lora_swaps: int = 0  # LoRA adapters the workers loaded (not resident when admitted)
+    # disaggregated runs only (0 / None otherwise); ``worker``, ``cached`` and ``estimated``
+    # are then the prefill side's, ``first_token`` and ``finish`` the decode worker's
+    prefill_workers: int = 0
+    decode_workers: int = 0
+    decode_worker: np.ndarray | None = None  # index among the decode workers
+    prefill_done: np.ndarray | None = None  # the prefill worker's first token
+    transfer_s: np.ndarray | None = None
+    transferred: np.ndarray | None = None  # prompt tokens whose KV crossed
+    decode_branches: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, float | int]:
         """The per-policy entry of results.json (times in seconds, rates as fractions)."""
@@ -101,14 +158,17 @@ class PolicyRun:
         tpot = (self.finish - self.first_token)[has_decode] / decode_tokens[has_decode]
         span = float(self.finish.max() - self.arrival.min()) if self.requests else 0.0
         prompt = float(self.input_length.sum()) or 1.0
-        per_worker = np.bincount(self.worker, minlength=self.inflight.shape[1])
-        return {
+        per_worker = np.bincount(
+            self.worker, minlength=self.prefill_workers or self.inflight.shape[1]
+        )
+        summary = {
             "requests": int(self.requests),
             "ttft_mean": float(ttft.mean()) if len(ttft) else 0.0,
             "ttft_p50": _pct(ttft, 50),
             "ttft_p90": _pct(ttft, 90),
             "ttft_p99": _pct(ttft, 99),
             "tpot_p50": _pct(tpot, 50),
+            "tpot_p90": _pct(tpot, 90),
             "e2e_p50": _pct(e2e, 50),
             "e2e_p99": _pct(e2e, 99),
             "throughput_rps": self.requests / span if span > 0 else 0.0,
@@ -124,6 +184,26 @@ class PolicyRun:
             "lora_swaps": self.lora_swaps,
             "wall_seconds": self.wall_seconds,
         }
+        if self.decode_worker is not None:
+            summary |= self._disaggregated_summary(prompt)
+        return summary
+
+    def _disaggregated_summary(self, prompt: float) -> dict[str, float | int]:
+        """Prefill hit rate (the same as ``hit_rate``), decode balance, transfer times."""
+        per_decode = np.bincount(self.decode_worker, minlength=self.decode_workers)
+        return {
+            "prefill_workers": self.prefill_workers,
+            "decode_workers": self.decode_workers,
+            "prefill_hit_rate": float(self.cached.sum()) / prompt,
+            "decode_imbalance": float(per_decode.max() / per_decode.mean())
+            if self.requests
+            else 0.0,
+            # prompt tokens the decode workers already held (not transferred)
+            "transfer_saved": 1.0 - float(self.transferred.sum()) / prompt,
+            "transfer_p50": _pct(self.transfer_s, 50),
+            "transfer_p90": _pct(self.transfer_s, 90),
+            "prefill_ttft_p50": _pct(self.prefill_done - self.arrival, 50),
+        }
 
 
 def _error(estimated: np.ndarray, cached: np.ndarray, prompt: np.ndarray) -> float:
@@ -137,13 +217,16 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else 0.0
 
 
-def make_worker_states(config: SimConfig) -> list[WorkerState]:
-    """The router's view of the simulated fleet, shadows sized to the workers' KV cache."""
+def make_worker_states(
+    config: SimConfig, count: int | None = None, prefix: str = "sim"
+) -> list[WorkerState]:
+    """The router's view of the simulated fleet, shadows sized to the workers' KV cache
+    (``count`` workers named ``{prefix}-{i}``; default ``config.workers``)."""
     capacity = config.shadow_capacity_tokens or config.worker.kv_capacity_tokens
     blocks = capacity // BLOCK_TOKENS
     return [
         WorkerState(
-            name=f"sim-{i}",
+            name=f"{prefix}-{i}",
             blocks=BlockLRU(blocks, BLOCK_TOKENS),
             radix=RadixTree(capacity_tokens=KEY_TOKENS * blocks, page_size=KEY_TOKENS),
             shadow=config.shadow,
@@ -151,7 +234,7 @@ def make_worker_states(config: SimConfig) -> list[WorkerState]:
             rate=PrefillRate(config.worker.prefill_tokens_per_s),
             adapters=AdapterSlots(config.worker.max_loras),
         )
-        for i in range(config.workers)
+        for i in range(config.workers if count is None else count)
     ]
 
 
@@ -162,14 +245,23 @@ def simulate(
     name: str | None = None,
     progress: bool = False,
 ) -> PolicyRun:
-    """Run ``trace`` through ``picker`` and ``config.workers`` worker models."""
+    """Run ``trace`` through ``picker`` and ``config.workers`` worker models (or, for a
+    disaggregated fleet, ``picker`` over the prefill workers and ``config.decode_policy``
+    over the decode workers)."""
     config = config or SimConfig()
     name = name or picker.name
     n = len(trace)
+    disaggregated = config.disaggregated
     out = {k: np.zeros(n) for k in ("arrival", "first_token", "finish", "estimated", "pick_us")}
     cached = np.zeros(n, dtype=np.int64)
     chosen = np.zeros(n, dtype=np.int64)
-    states = make_worker_states(config)
+    if disaggregated:
+        states = make_worker_states(config, config.prefill_workers, "prefill")
+        decode_states = make_worker_states(config, config.decode_workers, "decode")
+    else:
+        states = make_worker_states(config)
+        decode_states = []
+    all_states = states + decode_states  # prefill (or all) workers first, then decode ones
     # the shadows' configured sizes, the bounds of the capacity correction
     capacity_blocks = states[0].blocks.capacity_blocks if states else 0
     radix_capacity = states[0].radix.capacity_tokens if states else 0
@@ -195,18 +287,59 @@ def simulate(
             correct_shadow(booking, req.cached_tokens, capacity_blocks, radix_capacity)
         booking.finish()
         bookings[i] = None
+        release_next(i, now)
+
+    def release_next(i: int, now: float) -> None:
         after = successor[i]
         if after >= 0:  # session pacing: the session's next turn can now be sent
             heapq.heappush(arrivals, (release_time(trace[after], config.speedup, now), after))
 
-    models = [
-        WorkerModel(config.worker, on_first_token, on_finish, events=config.kv_events)
-        for _ in states
-    ]
-    events = _EventLink(states, config) if config.kv_events else None
+    def on_prefilled(req: SimRequest, now: float) -> None:
+        # the prefill worker's part ends at its first token (its one output token): the
+        # usage arrives, the prefill booking is released, the decode side takes over
+        i = req.tag
+        cached[i] = req.cached_tokens
+        booking = bookings[i]
+        booking.first_token(now)
+        booking.report_cached(req.cached_tokens)
+        if correcting:
+            correct_shadow(booking, req.cached_tokens, capacity_blocks, radix_capacity)
+        booking.finish()
+        bookings[i] = None
+        disagg.prefilled(req, now)
+
+    def on_decode_first_token(req: SimRequest, now: float) -> None:
+        out["first_token"][req.tag] = now
+        disagg.decoded(req.tag, now, first_token=True)
+
+    def on_decode_finish(req: SimRequest, now: float) -> None:
+        out["finish"][req.tag] = now
+        disagg.decoded(req.tag, now, first_token=False)
+        release_next(req.tag, now)
+
+    disagg = _Disaggregated(config, trace, decode_states) if disaggregated else None
+    if disagg is None:
+        models = [
+            WorkerModel(config.worker, on_first_token, on_finish, events=config.kv_events)
+            for _ in states
+        ]
+    else:
+        models = [
+            WorkerModel(config.worker, on_prefilled, _ignore, events=config.kv_events)
+            for _ in states
+        ]
+        disagg.offset = len(models)
+        disagg.decode_models = [
+            WorkerModel(
+                config.worker, on_decode_first_token, on_decode_finish, events=config.kv_events
+            )
+            for _ in decode_states
+        ]
+        models += disagg.decode_models
+    events = _EventLink(all_states, config) if config.kv_events else None
     # a reference picker (traces/oracle.py) reads the models' truth instead of the shadows
     truth_views = getattr(picker, "truth_views", None)
-    views = truth_views(states, models) if truth_views is not None else states
+    views = truth_views(states, models[: len(states)]) if truth_views is not None else states
     wakeups: list[tuple[float, int, int]] = []  # (time, worker, version)
     # requests due to be sent, (time, index): all of them at their arrival in open loop; in
     # session pacing a turn enters when its session's previous turn finishes
@@ -217,6 +350,8 @@ def simulate(
             successor[p] = j
     arrivals = [(trace[j].arrival / config.speedup, j) for j in range(n) if previous[j] < 0]
     heapq.heapify(arrivals)
+    # disaggregated: KV transfers under way, (done, index); empty otherwise
+    transfers: list[tuple[float, int]] = disagg.transfers if disagg is not None else []
     sent = 0
 
     def schedule(w: int) -> None:
@@ -227,17 +362,26 @@ def simulate(
     # the recorded span (a session-paced run that falls behind goes on past its last sample)
     span = (trace[-1].arrival / config.speedup) if n else 0.0
     sample_times = np.linspace(0.0, span, config.samples) if n else np.zeros(0)
-    inflight = np.zeros((len(sample_times), len(states)), dtype=np.int32)
+    inflight = np.zeros((len(sample_times), len(all_states)), dtype=np.int32)
     next_sample = 0
     radix = config.shadow == "radix"
     est_blocks = np.zeros(n)
     est_radix = np.full(n, np.nan)
     est_kv = np.full(n, np.nan)
     started = time.perf_counter()
-    while arrivals or wakeups or (events is not None and events.deliveries):
+    while arrivals or wakeups or transfers or (events is not None and events.deliveries):
         arrival = arrivals[0][0] if arrivals else float("inf")
-        if events is not None and events.due(wakeups[0][0] if wakeups else arrival, arrival):
+        wakeup = wakeups[0][0] if wakeups else float("inf")
+        if transfers:
+            wakeup = min(wakeup, transfers[0][0])
+        if events is not None and events.due(wakeup, arrival):
             events.deliver()
+            continue
+        if transfers and transfers[0][0] <= arrival and transfers[0][0] <= wakeup:
+            when, i = heapq.heappop(transfers)
+            if events is not None:
+                events.clock[0] = when
+            schedule(disagg.transferred(i, when))
             continue
         if wakeups and wakeups[0][0] <= arrival:
             when, w, version = heapq.heappop(wakeups)
@@ -252,7 +396,7 @@ def simulate(
         if events is not None:
             events.clock[0] = arrival
         while next_sample < len(sample_times) and sample_times[next_sample] <= arrival:
-            inflight[next_sample] = [s.num_requests for s in states]
+            inflight[next_sample] = [s.num_requests for s in all_states]
             next_sample += 1
         _, i = heapq.heappop(arrivals)
         req = trace[i]
@@ -271,7 +415,9 @@ def simulate(
         out["pick_us"][i] = (time.perf_counter_ns() - t0) / 1000
         branches[pick.branch] = branches.get(pick.branch, 0) + 1
         state = states[pick.worker]
-        booking = state.book(features, expected_output_tokens=req.output_length, now=arrival)
+        # a prefill worker's request is the prompt and one output token
+        expected = 1 if disagg is not None else req.output_length
+        booking = state.book(features, expected_output_tokens=expected, now=arrival)
         bookings[i] = booking
         out["estimated"][i] = (
             booking.kv_estimate
@@ -287,9 +433,10 @@ def simulate(
             est_kv[i] = booking.kv_estimate
         out["arrival"][i] = arrival
         chosen[i] = pick.worker
-        sim_req = SimRequest(
-            req.blocks, req.input_length, max(1, req.output_length), tag=i, adapter=adapter
-        )
+        output = 1 if disagg is not None else max(1, req.output_length)
+        sim_req = SimRequest(req.blocks, req.input_length, output, tag=i, adapter=adapter)
+        if disagg is not None:
+            disagg.features[i] = features
         models[pick.worker].submit(sim_req, arrival)
         if views is not states:
             views[pick.worker].queue(sim_req)
@@ -300,10 +447,10 @@ def simulate(
             sys.stderr.flush()
     if progress:
         sys.stderr.write("\n")
-    leaked = [s.name for s in states if s.num_requests or s.pending_prefill_tokens]
+    leaked = [s.name for s in all_states if s.num_requests or s.pending_prefill_tokens]
     if leaked:  # every booking must have been released by its worker model
         raise RuntimeError(f"simulation ended with bookings held on {leaked}")
-    return PolicyRun(
+    run = PolicyRun(
         name=name,
         requests=n,
         worker=chosen,
@@ -326,6 +473,94 @@ def simulate(
         },
         lora_swaps=sum(m.stats.lora_swaps for m in models),
     )
+    if disagg is not None:
+        run.prefill_workers, run.decode_workers = len(states), len(decode_states)
+        run.decode_worker = disagg.decode_worker
+        run.prefill_done = disagg.prefill_done
+        run.transfer_s = disagg.transfer_s
+        run.transferred = disagg.transferred_tokens
+        run.decode_branches = disagg.branches
+    return run
+
+
+def _ignore(req: SimRequest, now: float) -> None:
+    """A prefill worker's finish: everything happened at its first token."""
+
+
+class _Disaggregated:
+    """The hand-over of a disaggregated fleet: prefill done, decode pick, KV transfer.
+
+    Worker models are indexed prefill workers first, then decode workers (``offset``).
+    """
+
+    def __init__(
+        self,
+        config: SimConfig,
+        trace: Sequence[TraceRequest],
+        decode_states: list[WorkerState],
+    ) -> None:
+        n = len(trace)
+        self.config = config
+        self.trace = trace
+        self.decode_states = decode_states
+        self.decode_models: list[WorkerModel] = []
+        self.offset = 0  # the first decode model's index among all models
+        params = {"seed": config.seed} if "seed" in picker_params(config.decode_policy) else {}
+        self.picker = make_picker(config.decode_policy, **params)
+        self.features: list[RequestFeatures | None] = [None] * n
+        self.bookings: list[Booking | None] = [None] * n
+        self.decode_worker = np.zeros(n, dtype=np.int64)
+        self.prefill_done = np.zeros(n)
+        self.transfer_s = np.zeros(n)
+        self.transferred_tokens = np.zeros(n, dtype=np.int64)
+        self.branches: dict[str, int] = {}
+        self.transfers: list[tuple[float, int]] = []  # (done, request): KV under way
+
+    def prefilled(self, req: SimRequest, now: float) -> None:
+        """A prefill worker's first token: pick and book a decode worker, start the KV
+        transfer."""
+        i = req.tag
+        self.prefill_done[i] = now
+        features = self.features[i]
+        pick = self.picker.pick(features, self.decode_states)
+        self.branches[pick.branch] = self.branches.get(pick.branch, 0) + 1
+        d = pick.worker
+        self.decode_worker[i] = d
+        self.bookings[i] = self.decode_states[d].book(
+            features, expected_output_tokens=self.trace[i].output_length, now=now
+        )
+        # the decode worker's model already holds a prefix: only the rest crosses
+        held = self.decode_models[d].cached_prefix_blocks(features.blocks) * BLOCK_TOKENS
+        tokens = features.input_length - min(held, features.input_length)
+        self.transferred_tokens[i] = tokens
+        seconds = self.config.transfer_s(tokens)
+        self.transfer_s[i] = seconds
+        heapq.heappush(self.transfers, (now + seconds, i))
+
+    def transferred(self, i: int, now: float) -> int:
+        """Request ``i``'s KV is on its decode worker: submit it there; returns that model's
+        index among all models, for the caller to schedule."""
+        d = int(self.decode_worker[i])
+        req = self.trace[i]
+        sim_req = SimRequest(
+            req.blocks,
+            req.input_length,
+            max(1, req.output_length),
+            tag=i,
+            adapter=self.features[i].adapter,
+            kv_transferred=True,
+        )
+        self.decode_models[d].submit(sim_req, now)
+        return self.offset + d
+
+    def decoded(self, i: int, now: float, first_token: bool) -> None:
+        """The decode worker's first token or finish: its booking follows."""
+        booking = self.bookings[i]
+        if first_token:
+            booking.first_token(now)
+        else:
+            booking.finish()
+            self.bookings[i] = None
 
 
 class _EventLink:

@@ -44,6 +44,11 @@ adapters resident; admitting one that is not resident loads it in place of the l
 recently used idle one (a swap, counted in ``WorkerStats.lora_swaps``), and each load adds
 ``lora_load_s`` to the engine step that follows (vLLM loads adapters before the forward pass).
 
+Disaggregated serving: a prefill worker's request is an ordinary one with one output token;
+a decode worker's (``SimRequest.kv_transferred``) arrives with its prompt's KV already
+transferred (the caller waits out the transfer first), so it takes memory and enters the
+cache but computes no prompt token: its first token comes one step after admission.
+
 Decode-only stretches are simulated in one event: while nothing is waiting and no prefill
 is pending, the batch only changes when a request finishes, so the model jumps straight to
 that step (or to the step boundary after an arrival). A long trace thus costs a few events
@@ -156,6 +161,9 @@ class SimRequest:
     tag: object = None  # the caller's handle (booking, HTTP waiter...)
     tokens: bytes | None = None  # the prompt's token ids (uint32 LE), for KV events
     adapter: str | None = None  # the LoRA adapter it runs (None: the base model)
+    # disaggregated decode: the prompt's KV came from a prefill worker, so no prompt token is
+    # computed here (the blocks still take memory and enter this worker's cache)
+    kv_transferred: bool = False
     cached_tokens: int = 0
     prefill_left: int = 0
     extra_blocks: int = 0  # tail of the prompt + output, not in the tree
@@ -380,7 +388,7 @@ class WorkerModel:
             req.extra_blocks = extra
             self.extra_blocks += extra
             req.cached_tokens = min(hit_blocks * BLOCK_TOKENS, req.input_length)
-            req.prefill_left = req.input_length - req.cached_tokens
+            req.prefill_left = 0 if req.kv_transferred else req.input_length - req.cached_tokens
             self.stats.prompt_tokens += req.input_length
             self.stats.cached_tokens += req.cached_tokens
             self.prefilling.append(req)

@@ -73,6 +73,7 @@ class WorkerState:
     num_requests: int = 0
     pending_prefill_tokens: int = 0
     ongoing_decode_tokens: int = 0
+    held_tokens: int = 0  # KV booked: prompt plus expected output of every booked request
     accuracy: ShadowAccuracy = field(default_factory=ShadowAccuracy)
     kv_index: KVIndex | None = None  # precise mode (router/fleet/kv_events.py): answers when synced
     worker_block_size: int | None = None  # the worker's own KV block size, from its /metrics
@@ -154,6 +155,7 @@ class WorkerState:
         self.num_requests += 1
         self.pending_prefill_tokens += new_prefill
         self.ongoing_decode_tokens += expected_output_tokens
+        self.held_tokens += request.input_length + expected_output_tokens
         self.blocks.acquire(request.blocks)
         adapter = request.adapter
         if adapter is not None:
@@ -240,6 +242,7 @@ class Booking:
         worker = self.worker
         worker.num_requests -= 1
         worker.ongoing_decode_tokens -= self.decode_tokens
+        worker.held_tokens -= self.input_length + self.decode_tokens
         worker.blocks.release(self.blocks)
         if self.radix_node is not None and worker.radix is not None:
             worker.radix.dec_lock_ref(self.radix_node)

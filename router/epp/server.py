@@ -93,6 +93,14 @@ def main(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError, OSError) as exc:
         print(f"cache-router epp: {exc}", file=sys.stderr)
         return 2
+    if settings.prefill_workers or settings.decode_workers:
+        print(
+            "cache-router epp: --prefill/--decode: a disaggregated fleet needs its two legs "
+            "sent by the router itself (cache-router serve); the endpoint picker names one "
+            "endpoint per request",
+            file=sys.stderr,
+        )
+        return 2
     if settings.process_count() > 1:
         from router.proxy.supervisor import SetupError, _probe_port, main_processes
 

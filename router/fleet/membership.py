@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from router.fleet.pool import Worker, WorkerPool
+from router.fleet.pool import BOTH, Worker, WorkerPool
 
 
 class SharedMembership(Protocol):
@@ -32,9 +32,16 @@ class Membership:
         self.on_join = on_join
         self.shared: SharedMembership | None = None  # set with --state-url
 
-    def add(self, url: str, kv_capacity_tokens: int | None = None) -> Worker:
-        """Add the worker at ``url`` (ValueError if it is in the pool, or a bad URL)."""
-        worker = self.pool.add(url, kv_capacity_tokens)
+    def add(
+        self,
+        url: str,
+        kv_capacity_tokens: int | None = None,
+        role: str = BOTH,
+        bootstrap_port: int | None = None,
+    ) -> Worker:
+        """Add the worker at ``url`` in ``role`` (ValueError if it is in the pool, or a bad
+        URL or role)."""
+        worker = self.pool.add(url, kv_capacity_tokens, role, bootstrap_port)
         self.joined(worker)
         if self.shared is not None:
             self.shared.worker_added(worker)

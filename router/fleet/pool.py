@@ -45,6 +45,9 @@ from router.fleet.worker_truth import WorkerTruth
 
 log = logging.getLogger("cache_router.pool")
 
+BOTH, PREFILL, DECODE = "both", "prefill", "decode"
+ROLES = (BOTH, PREFILL, DECODE)
+
 
 @dataclass(eq=False)
 class Worker:
@@ -74,6 +77,10 @@ class Worker:
     models: frozenset[str] | None = None
     adapters: frozenset[str] = frozenset()  # those of ``models`` that are LoRA adapters
     models_pinned: bool = False
+    # disaggregated serving: "both" (aggregated), "prefill" or "decode"; an SGLang prefill
+    # worker's bootstrap server port
+    role: str = BOTH
+    bootstrap_port: int | None = None
 
     def serves(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -88,11 +95,13 @@ class Worker:
         radix = state.radix
         return {
             "url": self.url,
+            "role": self.role,
             "healthy": state.healthy,
             "num_requests": state.num_requests,
             "remote_num_requests": self.remote_load[0],
             "pending_prefill_tokens": state.pending_prefill_tokens,
             "ongoing_decode_tokens": state.ongoing_decode_tokens,
+            "held_tokens": state.held_tokens,
             "pinned_blocks": state.blocks.pinned_blocks,
             "shadow_blocks": len(state.blocks),
             "shadow_capacity_blocks": state.blocks.capacity_blocks,
@@ -145,6 +154,10 @@ class ModelNotServed(LookupError):
     """No worker of the pool serves the request's model (the router answers 404)."""
 
 
+class NoDecodeWorker(NoHealthyWorker):
+    """A prefill worker was chosen and no healthy decode worker can take the request."""
+
+
 class WorkerPool:
     """The workers, in picker order, and the picker that chooses among them.
 
@@ -153,6 +166,12 @@ class WorkerPool:
     the picker as unavailable (like workers already tried), so every picker works unchanged
     and keeps its per-worker indices. The views for each model are built once per change of
     membership or of a worker's models, not per request.
+
+    Roles (disaggregated serving): the picker (``--policy``) chooses among the aggregated and
+    the prefill workers, where the prefix caches that matter live; choosing a prefill worker
+    makes the request disaggregated, and ``decode_picker`` (``--decode-policy``) then
+    chooses among the decode workers. Each picker sees the other role's workers as
+    unavailable, the same way as a model they do not serve.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -161,13 +180,15 @@ class WorkerPool:
         self.states: list[WorkerState] = []
         self.stats = PoolStats()
         self.picker = self._new_picker()
-        self._views_by_model: dict[str, list[Any] | None] = {}
+        self.decode_picker = make_picker(settings.decode_policy)
+        self._views_by_model: dict[tuple[str | None, bool], Sequence[Any] | None] = {}
+        self._roles: frozenset[str] = frozenset()  # the roles of the workers in the pool
         self.adapter_names: frozenset[str] = frozenset()  # adapters any worker serves
         self._served: frozenset[str] = frozenset()  # models some worker is known to serve
         # called with every booking (router/fleet/state_sync.py shares them with other replicas)
         self.on_book: Callable[[Worker, RequestFeatures, Booking], None] | None = None
-        for url in settings.workers:
-            self.add(url)
+        for url, role in settings.roles():
+            self.add(url, role=role)
 
     def _new_picker(self):
         return make_picker(self.settings.policy, **self.settings.picker_params)
@@ -181,11 +202,19 @@ class WorkerPool:
                 return worker
         return None
 
-    def add(self, url: str, kv_capacity_tokens: int | None = None) -> Worker:
-        """Append a worker (ValueError if the URL is already in the pool)."""
+    def add(
+        self,
+        url: str,
+        kv_capacity_tokens: int | None = None,
+        role: str = BOTH,
+        bootstrap_port: int | None = None,
+    ) -> Worker:
+        """Append a worker (ValueError if the URL is already in the pool, or a bad role)."""
         url = normalize_url(url)
         if self.get(url) is not None:
             raise ValueError(f"worker {url} is already in the pool")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
         s = self.settings
         tokens = kv_capacity_tokens or s.capacity_for(url)
         blocks = max(1, tokens // s.block_size)
@@ -203,7 +232,10 @@ class WorkerPool:
             upstream=UpstreamPool(url, s.connect_timeout_s),
             capacity_tokens=tokens,
             capacity_blocks=blocks,
+            role=role,
         )
+        if role == PREFILL:
+            worker.bootstrap_port = bootstrap_port or s.bootstrap_port(url)
         pinned = s.worker_models.get(url)
         if pinned:
             worker.models_pinned = True
@@ -212,7 +244,7 @@ class WorkerPool:
         self.workers.append(worker)
         self.states.append(state)
         self._models_changed()
-        log.info("worker added: %s (KV %d tokens, %d blocks)", url, tokens, blocks)
+        log.info("%s worker added: %s (KV %d tokens, %d blocks)", role, url, tokens, blocks)
         return worker
 
     def remove(self, url: str) -> Worker:
@@ -226,6 +258,7 @@ class WorkerPool:
         worker.removed = True
         worker.upstream.close()
         self.picker = self._new_picker()  # session bindings were indices into the old list
+        self.decode_picker = make_picker(self.settings.decode_policy)
         self._models_changed()
         log.info("worker removed: %s (%d in flight)", worker.url, worker.state.num_requests)
         return worker
@@ -245,6 +278,7 @@ class WorkerPool:
         self._views_by_model = {}
         self.adapter_names = frozenset().union(*(w.adapters for w in self.workers))
         self._served = frozenset().union(*(w.models or () for w in self.workers))
+        self._roles = frozenset(w.role for w in self.workers)
 
     def model_stats(self, model: str | None) -> ModelStats:
         """The counters of requests naming ``model`` (labels bounded: see PoolStats)."""
@@ -259,26 +293,33 @@ class WorkerPool:
                 stats = table[label] = ModelStats()
         return stats
 
-    def views_for(self, model: str | None) -> Sequence[Any]:
+    def views_for(self, model: str | None, decode: bool = False) -> Sequence[Any]:
         """The picker's views for a request naming ``model``: every worker's state, those
-        that do not serve it shown as unavailable. Raises :class:`ModelNotServed` when no
-        worker serves it (workers whose models are not known yet may)."""
-        if model is None or not self.workers:  # no worker at all: a 503, not a 404
-            return self.states
-        views = self._views_by_model.get(model, False)
+        that do not serve it (or are of the other role: decode workers unless ``decode``,
+        only decode workers if it) shown as unavailable. Raises :class:`ModelNotServed` when
+        no worker serves the model (workers whose models are not known yet may)."""
+        roles = self._roles
+        if not decode and DECODE not in roles and (model is None or not self.workers):
+            return self.states  # (no worker at all: a 503, not a 404)
+        key = (model, decode)
+        views = self._views_by_model.get(key, False)
         if views is False:
-            serving = [w.serves(model) for w in self.workers]
-            if not any(serving):
+            workers = self.workers
+            serving = [model is None or w.serves(model) for w in workers]
+            eligible = [
+                ok and (w.role == DECODE) == decode for w, ok in zip(workers, serving, strict=True)
+            ]
+            if model is not None and not any(serving):
                 views = None
-            elif all(serving):
+            elif all(eligible):
                 views = self.states
             else:
                 views = [
                     w.state if ok else _Excluded(w.state)
-                    for w, ok in zip(self.workers, serving, strict=True)
+                    for w, ok in zip(workers, eligible, strict=True)
                 ]
             if len(self._views_by_model) < 4096:  # bounded: clients choose model names
-                self._views_by_model[model] = views
+                self._views_by_model[key] = views
         if views is None:
             raise ModelNotServed(model)
         return views
@@ -357,20 +398,30 @@ class WorkerPool:
 
     # ---- picking -------------------------------------------------------------------------
 
-    def pick(self, request: RequestFeatures, exclude: Sequence[Worker] = ()) -> tuple[Worker, Pick]:
+    def pick(
+        self, request: RequestFeatures, exclude: Sequence[Worker] = (), decode: bool = False
+    ) -> tuple[Worker, Pick]:
         """The picker's choice among healthy workers that serve ``request.model`` and are not
-        in ``exclude``.
+        in ``exclude``: aggregated and prefill workers, or with ``decode`` the decode
+        picker's among decode workers.
 
         Raises :class:`ModelNotServed` when no worker serves the model,
-        :class:`~policies.base.NoHealthyWorker` when none of those is healthy.
+        :class:`~policies.base.NoHealthyWorker` when none of those is healthy
+        (:class:`NoDecodeWorker` for a decode pick).
         """
-        views = self.views_for(request.model)
+        views = self.views_for(request.model, decode)
         if exclude:
             views = [
                 _Excluded(w.state) if w in exclude else v
                 for w, v in zip(self.workers, views, strict=True)
             ]
-        choice = self.picker.pick(request, views)
+        if not decode:
+            choice = self.picker.pick(request, views)
+        else:
+            try:
+                choice = self.decode_picker.pick(request, views)
+            except NoHealthyWorker:
+                raise NoDecodeWorker("no healthy decode worker") from None
         return self.workers[choice.worker], choice
 
     def book(
@@ -390,4 +441,14 @@ class WorkerPool:
         return [w for w in self.workers if w.state.healthy]
 
 
-__all__ = ["ModelNotServed", "NoHealthyWorker", "Worker", "WorkerPool"]
+__all__ = [
+    "BOTH",
+    "DECODE",
+    "PREFILL",
+    "ROLES",
+    "ModelNotServed",
+    "NoDecodeWorker",
+    "NoHealthyWorker",
+    "Worker",
+    "WorkerPool",
+]

@@ -61,7 +61,7 @@ from redis.exceptions import RedisError
 from policies.base import RequestFeatures
 from router.cache.worker_state import Booking
 from router.config import Settings, normalize_url
-from router.fleet.pool import Worker, WorkerPool
+from router.fleet.pool import BOTH, ROLES, Worker, WorkerPool
 
 log = logging.getLogger("cache_router.state_sync")
 
@@ -189,7 +189,7 @@ class StateSync:
     # ---- membership changes made here (admin API) ----------------------------------------
 
     def worker_added(self, worker: Worker) -> None:
-        self._membership_ops.append(("hset", worker.url, self._meta(worker.capacity_tokens)))
+        self._membership_ops.append(("hset", worker.url, self._meta(worker)))
 
     def worker_removed(self, url: str) -> None:
         self._membership_ops.append(("hdel", url, b""))
@@ -209,7 +209,7 @@ class StateSync:
             socket_timeout=CALL_TIMEOUT_S + READ_BLOCK_MS / 1000,
             socket_connect_timeout=CALL_TIMEOUT_S,
         )
-        for url in self.settings.workers:  # this replica's flags join the shared set
+        for url, _ in self.settings.roles():  # this replica's flags join the shared set
             worker = self.pool.get(url)
             if worker is not None:
                 self.worker_added(worker)
@@ -542,7 +542,7 @@ class StateSync:
 
     async def _reconcile_membership(self, client: aioredis.Redis) -> None:
         """Seed a missing set with ours, push this replica's changes, follow the set."""
-        seed = [x for w in self.pool.workers for x in (w.url, self._meta(w.capacity_tokens))]
+        seed = [x for w in self.pool.workers for x in (w.url, self._meta(w))]
         ops, self._membership_ops = self._membership_ops, []
         try:
             await client.eval(_SEED_SCRIPT, 2, self.epoch_key, self.workers_key, *seed)
@@ -557,29 +557,44 @@ class StateSync:
         except BaseException:
             self._membership_ops = ops + self._membership_ops  # retried next time
             raise
-        wanted: dict[str, int | None] = {}
+        wanted: dict[str, tuple[int | None, str, int | None]] = {}
         for key, meta in shared.items():
             try:
                 url = normalize_url(key.decode())
-                capacity = orjson.loads(meta).get("kv_capacity_tokens")
+                entry = orjson.loads(meta)
+                capacity = entry.get("kv_capacity_tokens")
+                role = entry.get("role", BOTH)
+                port = entry.get("bootstrap_port")
             except (UnicodeDecodeError, ValueError, AttributeError):
                 self.stats.bad_entries += 1
                 continue
-            wanted[url] = capacity if isinstance(capacity, int) and capacity > 0 else None
+            if role not in ROLES:
+                self.stats.bad_entries += 1
+                continue
+            wanted[url] = (
+                capacity if isinstance(capacity, int) and capacity > 0 else None,
+                role,
+                port if isinstance(port, int) and 0 < port < 65536 else None,
+            )
         for w in list(self.pool.workers):
             if w.url not in wanted:
                 self.pool.remove(w.url)
                 self.stats.count(self.stats.applied, "membership")
-        for url, capacity in wanted.items():
+        for url, (capacity, role, port) in wanted.items():
             if self.pool.get(url) is None:
-                worker = self.pool.add(url, capacity)
+                worker = self.pool.add(url, capacity, role, port)
                 self.stats.count(self.stats.applied, "membership")
                 if self.on_worker_added is not None:
                     self.on_worker_added(worker)
 
     @staticmethod
-    def _meta(capacity_tokens: int) -> bytes:
-        return orjson.dumps({"kv_capacity_tokens": capacity_tokens})
+    def _meta(worker: Worker) -> bytes:
+        meta: dict[str, int | str] = {"kv_capacity_tokens": worker.capacity_tokens}
+        if worker.role != BOTH:
+            meta["role"] = worker.role
+        if worker.bootstrap_port is not None:
+            meta["bootstrap_port"] = worker.bootstrap_port
+        return orjson.dumps(meta)
 
 
 def _add_remote(worker: Worker, requests: int, prefill: int, decode: int) -> None:

@@ -76,6 +76,8 @@ class PoolStats:
     connections: int = 0  # open client connections
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> count
     suspect: int = 0  # failed alike on several workers, nowhere served: not their fault
+    # disaggregated requests by (protocol, outcome): outcome "ok" or the error code
+    disaggregated: dict[tuple[str, str], int] = field(default_factory=dict)
     sync: SyncStats = field(default_factory=SyncStats)
     # by the model requests name: a model some worker serves, "none" (no model named) or
     # "other"; at most MODEL_LABELS_MAX of them

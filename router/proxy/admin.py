@@ -27,6 +27,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from router.fleet.pool import BOTH, ROLES
 from router.fleet.upstream import UpstreamError
 from router.proxy import process_metrics
 from router.proxy.access import Need, Verdict
@@ -137,8 +138,14 @@ def build_admin(app: RouterContext) -> FastAPI:
         capacity = data.get("kv_capacity_tokens")
         if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
             raise BadRequest("'kv_capacity_tokens' must be a positive integer")
+        role = data.get("role", BOTH)
+        if role not in ROLES:
+            raise BadRequest(f"'role' must be one of {', '.join(ROLES)}")
+        port = data.get("bootstrap_port")
+        if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
+            raise BadRequest("'bootstrap_port' must be a port number")
         try:
-            worker = app.membership.add(data["url"], capacity)
+            worker = app.membership.add(data["url"], capacity, role, port)
         except ValueError as exc:
             status = 409 if "already" in str(exc) else 400
             err = BadRequest(str(exc), code="worker_exists" if status == 409 else "invalid_url")

@@ -64,10 +64,21 @@ from functools import partial
 import orjson
 
 from router.config import Settings
-from router.fleet.pool import Worker, WorkerPool
+from router.fleet.pool import DECODE, PREFILL, Worker, WorkerPool
 from router.fleet.response_owners import ResponseOwners
 from router.fleet.upstream import ConnectFailed, Connection, ConnectionLost, ReadTimeout
 from router.proxy.access import Access
+from router.proxy.disagg import (
+    DISAGGREGATED,
+    SGLANG,
+    VLLM,
+    bootstrap_fields,
+    kv_transfer_params,
+    protocol_of,
+    request_id_header,
+    vllm_prefill_body,
+    with_fields,
+)
 from router.proxy.errors import (
     BadGateway,
     GatewayTimeout,
@@ -83,7 +94,7 @@ from router.proxy.parse import CHAT, COMPLETION, STREAMED_BODIES
 from router.proxy.routing import PROMPT_KINDS, Routed, RouterCore
 from router.proxy.server import RouterCycle, client_channel
 from router.proxy.tokenize import Tokenizer
-from router.proxy.usage import MAX_SCANNED_BODY, StreamScanner, scan_body
+from router.proxy.usage import MAX_SCANNED_BODY, StreamScanner, scan_body, stream_usage
 
 log = logging.getLogger("cache_router.forward")
 
@@ -131,11 +142,19 @@ class Exchange(Routed):
     finished: bool = False  # the handler is past its last await
     body_rest: BodyStream | None = None  # a streamed upload: what follows ``body``
     body_length: int | None = None  # its declared length (None: chunked)
+    leg_error: RouterError | None = None  # an SGLang prefill leg's failure, for its decode leg
 
     def client_left(self) -> None:
         """The client disconnected: cancel the handler unless its response is complete."""
         if not self.responded and not self.finished:
             self.client_gone = True
+            self.task.cancel()  # type: ignore[union-attr]
+
+    def leg_failed(self, error: RouterError) -> None:
+        """An SGLang prefill leg failed: its decode leg waits for KV that will not come, so
+        cancel it (unless it answers the client already: then it ends on its own)."""
+        if not self.started and not self.finished and not self.client_gone:
+            self.leg_error = error
             self.task.cancel()  # type: ignore[union-attr]
 
 
@@ -331,7 +350,10 @@ class Forwarder(RouterCore):
                     raise last_error  # type: ignore[misc]  # a part of the upload is gone
                 worker, pick = self.choose(ex, last_error)
                 final = attempt == attempts - 1
-                error = await self._attempt(ex, worker, pick, send, respond, final)
+                if worker.role == PREFILL:
+                    error = await self._disaggregated(ex, worker, pick, send, respond, final)
+                else:
+                    error = await self._attempt(ex, worker, pick, send, respond, final)
                 if error is None:
                     return
                 last_error = error
@@ -340,11 +362,21 @@ class Forwarder(RouterCore):
             self.settle(ex)
 
     async def _attempt(
-        self, ex: Exchange, worker: Worker, pick, send, respond: Respond, final: bool
+        self,
+        ex: Exchange,
+        worker: Worker,
+        pick,
+        send,
+        respond: Respond,
+        final: bool,
+        body: bytes | None = None,
     ) -> RouterError | None:
-        """One try on ``worker``; a RouterError to retry, None when the client was answered."""
+        """One try on ``worker``; a RouterError to retry, None when the client was answered.
+        ``body``: what the worker gets instead of ``ex.body`` (a disaggregated decode leg)."""
         stats = worker.stats
         booking = self.book(ex, worker, pick, radix_later=True)
+        if body is None:
+            body = ex.body
         conn: Connection | None = None
         scanner: StreamScanner | None = None
         status_label = "upstream_lost"
@@ -352,7 +384,7 @@ class Forwarder(RouterCore):
             try:
                 if ex.body_rest is None:
                     conn = await worker.upstream.request(
-                        ex.method, ex.path, ex.headers, ex.body, self.read_timeout,
+                        ex.method, ex.path, ex.headers, body, self.read_timeout,
                         booking.insert_radix,
                     )  # fmt: skip
                 else:
@@ -363,7 +395,7 @@ class Forwarder(RouterCore):
                     )  # fmt: skip
                 if ex.client_gone:  # belt and braces: a cancellation lost in a race
                     raise asyncio.CancelledError
-                if conn.status >= 500 and not final and self._others_left(ex):
+                if conn.status >= 500 and not final and self._others_left(ex, worker):
                     stats.count(stats.upstream_errors, "status_5xx")
                     status_label = str(conn.status)
                     ex.failures.append((worker, f"HTTP {conn.status}"))
@@ -371,21 +403,11 @@ class Forwarder(RouterCore):
                         f"worker {worker.url} answered {conn.status}", code="worker_5xx"
                     )
                 data, more = await conn.read(self.read_timeout)
-            except ConnectFailed as exc:
-                stats.count(stats.upstream_errors, "connect")
-                status_label = "connect_error"
-                self.pool.record_failure(worker, str(exc), request=True)
-                return BadGateway(str(exc), code="connect_error")
-            except ConnectionLost as exc:
-                stats.count(stats.upstream_errors, "reset")
-                status_label = "reset"
-                ex.failures.append((worker, str(exc)))
-                return BadGateway(f"worker {worker.url}: {exc}", code="worker_reset")
-            except ReadTimeout:
-                stats.count(stats.upstream_errors, "timeout")
-                status_label = "504"
-                self.pool.record_failure(worker, "read timeout", request=True)
-                raise GatewayTimeout(f"worker {worker.url} sent nothing in time") from None
+            except (ConnectFailed, ConnectionLost, ReadTimeout) as exc:
+                status_label, error = self._failed(ex, worker, exc)
+                if isinstance(error, GatewayTimeout):
+                    raise error from None
+                return error
 
             # first body bytes (or the whole body): the prefill is done
             booking.first_token()
@@ -438,7 +460,7 @@ class Forwarder(RouterCore):
             usage = scanner.usage if scanner is not None else None
             if kept:
                 usage = scan_body(kept[0] if len(kept) == 1 else b"".join(kept))
-            if usage is not None:
+            if usage is not None and worker.role != DECODE:
                 self.report(ex, worker, booking, usage)
             return None
         except (ConnectionLost, ReadTimeout) as exc:
@@ -468,9 +490,210 @@ class Forwarder(RouterCore):
                 conn.abort()
             self.release(ex, worker, booking, status_label)
 
-    def _others_left(self, ex: Exchange) -> bool:
-        """Whether a healthy worker not tried yet remains (else a 5xx is the answer)."""
-        return any(w.state.healthy and w not in ex.tried for w in self.pool.workers)
+    def _failed(self, ex: Exchange, worker: Worker, exc: Exception) -> tuple[str, RouterError]:
+        """An exchange with ``worker`` failed before any byte reached the client: count it,
+        and the outcome's label and the error (a 504 is the answer; the others are retried
+        on another worker). Connect errors and timeouts count against the worker's circuit
+        now; a reset is held until the request's outcome is known (:meth:`settle`)."""
+        stats = worker.stats
+        if isinstance(exc, ConnectFailed):
+            stats.count(stats.upstream_errors, "connect")
+            self.pool.record_failure(worker, str(exc), request=True)
+            return "connect_error", BadGateway(str(exc), code="connect_error")
+        if isinstance(exc, ReadTimeout):
+            stats.count(stats.upstream_errors, "timeout")
+            self.pool.record_failure(worker, "read timeout", request=True)
+            return "504", GatewayTimeout(f"worker {worker.url} sent nothing in time")
+        stats.count(stats.upstream_errors, "reset")
+        ex.failures.append((worker, str(exc)))
+        return "reset", BadGateway(f"worker {worker.url}: {exc}", code="worker_reset")
+
+    def _others_left(self, ex: Exchange, worker: Worker) -> bool:
+        """Whether a healthy worker of ``worker``'s side (decode, or not) not tried yet
+        remains (else a 5xx is the answer)."""
+        decode = worker.role == DECODE
+        return any(
+            w.state.healthy and w not in ex.tried and (w.role == DECODE) == decode
+            for w in self.pool.workers
+        )
+
+    # ---- disaggregated serving (router/proxy/disagg.py) ----------------------------------
+
+    async def _disaggregated(
+        self, ex: Exchange, prefill: Worker, pick, send, respond: Respond, final: bool
+    ) -> RouterError | None:
+        """Serve ``ex`` on ``prefill`` and a decode worker, by the engines' protocol; a
+        RouterError to retry on another prefill worker, None when the client was answered.
+        An endpoint the protocol does not split goes to ``prefill`` as it is."""
+        protocol = protocol_of(self.settings, prefill)
+        if ex.endpoint not in DISAGGREGATED[protocol] or ex.body_rest is not None:
+            return await self._attempt(ex, prefill, pick, send, respond, final)
+        fields = ex.request.body
+        if ex.drop_usage_chunk:  # the usage the router asked the worker for, as in ex.body
+            fields = {**fields, "stream_options": {**(fields.get("stream_options") or {}),
+                                                   "include_usage": True}}  # fmt: skip
+        headers, _ = request_id_header(ex.headers)
+        table = self.pool.stats.disaggregated
+        try:
+            if protocol == VLLM:
+                error = await self._vllm_pair(ex, prefill, pick, fields, headers, send, respond)
+            else:
+                error = await self._sglang_pair(ex, prefill, pick, fields, headers, send, respond)
+        except RouterError as exc:
+            table[protocol, exc.code] = table.get((protocol, exc.code), 0) + 1
+            raise
+        outcome = "ok" if error is None else error.code
+        table[protocol, outcome] = table.get((protocol, outcome), 0) + 1
+        return error
+
+    async def _vllm_pair(
+        self, ex: Exchange, prefill: Worker, pick, fields: dict, headers: bytes, send, respond
+    ) -> RouterError | None:
+        """vLLM: the prefill leg, then its ``kv_transfer_params`` with the request to a
+        decode worker. A decode worker that fails before any byte is retried on another one
+        after a new prefill leg on the same prefill worker (the first decode may have pulled
+        the KV already; the prefix is cached there now, so the leg costs little)."""
+        attempts = self.settings.max_attempts
+        last_error: RouterError | None = None
+        ex_headers = ex.headers
+        prefill_body = vllm_prefill_body(fields)
+        try:
+            for attempt in range(attempts):
+                decode, decode_pick = self.choose(ex, last_error, decode=True)
+                ex.tried.remove(decode)  # (chosen first: no prefill leg without a decode worker)
+                answer = await self._prefill_leg(ex, prefill, pick, prefill_body, headers)
+                if isinstance(answer, GatewayTimeout):
+                    raise answer  # as for any request: nothing in time from a worker is a 504
+                if isinstance(answer, RouterError):
+                    return answer  # another prefill worker
+                status, response_headers, data = answer
+                self.metrics.prefill_leg(VLLM).observe(time.perf_counter() - ex.start)
+                if status != 200:  # the request's own fault (a 4xx): the client's answer
+                    ex.started = ex.responded = True
+                    headers_out = self._response_headers(response_headers, prefill, False)
+                    await respond(status, headers_out, data, False)
+                    return None
+                params = kv_transfer_params(data)  # none: a connector that finds KV by prompt
+                extra = {"kv_transfer_params": params} if params else {}
+                ex.tried.append(decode)
+                ex.headers = headers
+                error = await self._attempt(
+                    ex, decode, decode_pick, send, respond, attempt == attempts - 1,
+                    with_fields(fields, **extra),
+                )  # fmt: skip
+                ex.headers = ex_headers
+                if error is None:
+                    return None
+                last_error = error
+            raise last_error  # type: ignore[misc]
+        finally:
+            ex.headers = ex_headers
+
+    async def _sglang_pair(
+        self, ex: Exchange, prefill: Worker, pick, fields: dict, headers: bytes, send, respond
+    ) -> RouterError | None:
+        """SGLang: the prefill and the decode leg at once, in a fresh bootstrap room; a
+        decode worker that fails before any byte is retried (another one, another room); a
+        prefill leg that fails first cancels the decode leg and is retried elsewhere."""
+        attempts = self.settings.max_attempts
+        last_error: RouterError | None = None
+        ex_headers, ex.headers = ex.headers, headers
+        try:
+            for attempt in range(attempts):
+                decode, decode_pick = self.choose(ex, last_error, decode=True)
+                body = with_fields(fields, **bootstrap_fields(prefill))
+                leg = asyncio.get_running_loop().create_task(
+                    self._prefill_leg(ex, prefill, pick, body, headers, on_error=ex.leg_failed)
+                )
+                try:
+                    error = await self._attempt(
+                        ex, decode, decode_pick, send, respond, attempt == attempts - 1, body
+                    )
+                except asyncio.CancelledError:
+                    failed = ex.leg_error
+                    if failed is None or ex.client_gone:
+                        raise
+                    ex.leg_error = None
+                    ex.task.uncancel()  # type: ignore[union-attr]
+                    if isinstance(failed, GatewayTimeout):
+                        raise failed from None
+                    return failed  # the prefill worker failed: another one, from the start
+                finally:
+                    if not leg.done():
+                        if ex.started:  # the decode answered: its prefill is done, or will be
+                            await asyncio.shield(leg)
+                        else:
+                            leg.cancel()
+                            await asyncio.gather(leg, return_exceptions=True)
+                answer = leg.result() if not leg.cancelled() else None
+                if error is None:
+                    if not isinstance(answer, RouterError):
+                        self.metrics.prefill_leg(SGLANG).observe(time.perf_counter() - ex.start)
+                    return None
+                if isinstance(answer, RouterError):
+                    return answer  # both failed: the prefill worker's is retried first
+                last_error = error
+            raise last_error  # type: ignore[misc]
+        finally:
+            ex.headers = ex_headers
+
+    async def _prefill_leg(
+        self,
+        ex: Exchange,
+        worker: Worker,
+        pick,
+        body: bytes,
+        headers: bytes,
+        on_error: Callable[[RouterError], None] | None = None,
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | RouterError:
+        """Send ``body`` to the prefill worker and read its whole answer (status, headers,
+        body; a 5xx is a RouterError to retry elsewhere); its cached tokens are the truth
+        the prefill workers' shadows learn from. ``on_error`` hears a failure as it
+        happens (the SGLang decode leg waits for this one)."""
+        booking = self.book(ex, worker, pick, radix_later=True, max_tokens=1)
+        conn: Connection | None = None
+        label = "upstream_lost"
+        try:
+            try:
+                conn = await worker.upstream.request(
+                    ex.method, ex.path, headers, body, self.read_timeout, booking.insert_radix
+                )
+                status, response_headers = conn.status, conn.headers
+                parts: list[bytes] = []
+                size, more = 0, True
+                while more:
+                    data, more = await conn.read(self.read_timeout)
+                    size += len(data)
+                    if size <= MAX_SCANNED_BODY:
+                        parts.append(data)
+                conn.release()
+                conn = None
+            except (ConnectFailed, ConnectionLost, ReadTimeout) as exc:
+                label, error = self._failed(ex, worker, exc)
+                if on_error is not None:
+                    on_error(error)
+                return error
+            booking.first_token()
+            label = str(status)
+            if status >= 500:
+                worker.stats.count(worker.stats.upstream_errors, "status_5xx")
+                ex.failures.append((worker, f"HTTP {status}"))
+                error = BadGateway(
+                    f"prefill worker {worker.url} answered {status}", code="worker_5xx"
+                )
+                if on_error is not None:
+                    on_error(error)
+                return error
+            self.answered(ex, worker, status)
+            data = b"".join(parts)
+            usage = stream_usage(data) if data.startswith(b"data:") else scan_body(data)
+            if usage is not None:
+                self.report(ex, worker, booking, usage)
+            return status, response_headers, data
+        finally:
+            if conn is not None:
+                conn.abort()
+            self.release(ex, worker, booking, label)
 
     def _response_headers(
         self, upstream: list[tuple[bytes, bytes]], worker: Worker, transformed: bool

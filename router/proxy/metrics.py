@@ -167,7 +167,18 @@ class RouterMetrics:
             ["policy"],
             PICK_BUCKETS,
         )
-        for family in (self.request_duration, self.time_to_first_byte, self.pick_duration):
+        self.prefill_duration = HistogramFamily(
+            PREFIX + "prefill_leg_seconds",
+            "Disaggregated requests: time from arrival to the prefill worker's answer",
+            ["policy", "protocol"],
+            LATENCY_BUCKETS,
+        )
+        for family in (
+            self.request_duration,
+            self.time_to_first_byte,
+            self.pick_duration,
+            self.prefill_duration,
+        ):
             self.registry.register(family)
         self._duration: dict[str, Buckets] = {}
         self._ttfb: dict[str, Buckets] = {}
@@ -184,6 +195,9 @@ class RouterMetrics:
         if child is None:
             child = self._ttfb[endpoint] = self.time_to_first_byte.labels(self.policy, endpoint)
         return child
+
+    def prefill_leg(self, protocol: str) -> Buckets:
+        return self.prefill_duration.labels(self.policy, protocol)
 
     def watch(self, pool: WorkerPool) -> None:
         """Export ``pool``'s counters and gauges from now on."""
@@ -254,6 +268,19 @@ class PoolCollector(Collector):
             "Requests that failed alike on several workers (not counted against them)",
         )
         suspect.add_metric([], pool.stats.suspect)
+        disaggregated = counter(
+            "disaggregated_requests",
+            "Requests served by a prefill and a decode worker, by protocol and outcome",
+            ["protocol", "outcome"],
+        )
+        for (protocol, outcome), n in pool.stats.disaggregated.items():
+            disaggregated.add_metric([protocol, outcome], n)
+        role = GaugeMetricFamily(
+            PREFIX + "worker_role",
+            "1 for the worker's role: both (aggregated), prefill or decode",
+            labels=["worker", "role"],
+        )
+        held = gauge("worker_held_tokens", "KV booked on the worker: prompt plus expected output")
         circuit = counter(
             "circuit_transitions",
             "Worker circuit transitions (open: taken out, closed: back)",
@@ -330,6 +357,8 @@ class PoolCollector(Collector):
             for state_name, n in stats.circuit.items():
                 circuit.add_metric([url, state_name], n)
             failures.add_metric([url], w.consecutive_failures)
+            role.add_metric([url, w.role], 1)
+            held.add_metric([url], state.held_tokens)
             in_flight.add_metric([url], state.num_requests)
             pending.add_metric([url], state.pending_prefill_tokens)
             healthy.add_metric([url], 1 if state.healthy else 0)
@@ -365,6 +394,9 @@ class PoolCollector(Collector):
             suspect,
             circuit,
             failures,
+            disaggregated,
+            role,
+            held,
         )
         yield from truth_metrics(workers)
         yield from model_metrics(pool, workers)

@@ -25,7 +25,7 @@ from router.cache.feedback import correct_shadow, to_router_tokens
 from router.cache.lora import under_adapter
 from router.cache.worker_state import Booking
 from router.config import Settings
-from router.fleet.pool import ModelNotServed, Worker, WorkerPool
+from router.fleet.pool import DECODE, ModelNotServed, Worker, WorkerPool
 from router.fleet.response_owners import ResponseOwners
 from router.fleet.stats import ModelStats
 from router.proxy.errors import (
@@ -162,20 +162,28 @@ class RouterCore:
     # ---- 2. and 3. the worker ------------------------------------------------------------
 
     def choose(
-        self, r: Routed, last_error: RouterError | None = None, exclude: list | None = None
+        self,
+        r: Routed,
+        last_error: RouterError | None = None,
+        exclude: list | None = None,
+        decode: bool = False,
     ) -> tuple[Worker, Pick]:
         """The worker for ``r``: its response's owner, else the picker's choice among the
-        workers that serve its model, not tried yet and not in ``exclude``. No such worker:
-        ``last_error`` (why the previous try failed) or a 503; no worker serves the model:
-        404 ``model_not_found``."""
+        workers that serve its model, not tried yet and not in ``exclude`` (with ``decode``:
+        the decode picker's among the decode workers). No such worker: ``last_error`` (why
+        the previous try failed) or a 503; no worker serves the model: 404
+        ``model_not_found``."""
         t0 = time.perf_counter()
         try:
-            if r.owner is not None:
+            if r.owner is not None and not decode:
                 worker, pick = self._owner_pick(r.owner, r.request.stored_response_id)
             else:
-                worker, pick = self.pool.pick(r.features, r.tried + exclude if exclude else r.tried)
-        except NoHealthyWorker:
-            raise last_error or NoHealthyWorkerError("no healthy worker") from None
+                tried = r.tried + exclude if exclude else r.tried
+                worker, pick = self.pool.pick(r.features, tried, decode)
+        except NoHealthyWorker as exc:
+            if last_error is not None:
+                raise last_error from None
+            raise NoHealthyWorkerError(str(exc) if decode else "no healthy worker") from None
         except ModelNotServed:
             model = r.features.model
             message = f"The model `{model}` does not exist (no worker serves it)."
@@ -202,18 +210,28 @@ class RouterCore:
             )
         return owner, Pick(self.pool.workers.index(owner), "response_owner")
 
-    def book(self, r: Routed, worker: Worker, pick: Pick, radix_later: bool = False) -> Booking:
-        """Book ``r`` on ``worker`` and count the estimates it was picked on."""
+    def book(
+        self,
+        r: Routed,
+        worker: Worker,
+        pick: Pick,
+        radix_later: bool = False,
+        max_tokens: int | None = None,
+    ) -> Booking:
+        """Book ``r`` on ``worker`` and count the estimates it was picked on; ``max_tokens``:
+        the output this leg produces, if not the request's (a prefill leg's one token)."""
         features = r.features
-        booking = self.pool.book(worker, features, r.request.max_tokens, radix_later=radix_later)
+        output = r.request.max_tokens if max_tokens is None else max_tokens
+        booking = self.pool.book(worker, features, output, radix_later=radix_later)
         booking.ttft_valid = r.request.stream  # else the first byte is the whole answer
         stats = worker.stats
         stats.prompt_tokens += features.input_length
         stats.estimated_hit_tokens += pick.hit_tokens
         stats.best_hit_tokens += pick.best_hit_tokens
-        by_model = r.model_stats
-        by_model.prompt_tokens += features.input_length
-        by_model.estimated_hit_tokens += pick.hit_tokens
+        if worker.role != DECODE:  # the model's prompt tokens count once, where prefilled
+            by_model = r.model_stats
+            by_model.prompt_tokens += features.input_length
+            by_model.estimated_hit_tokens += pick.hit_tokens
         return booking
 
     # ---- 4. the answer -------------------------------------------------------------------

@@ -22,6 +22,9 @@ from router.config import ENV_PREFIX, Settings, load_settings
 # Flags whose name or shape differs from the field's.
 _FLAG_NAMES = {
     "workers": "--worker",
+    "prefill_workers": "--prefill",
+    "decode_workers": "--decode",
+    "bootstrap_ports": "--bootstrap-port",
     "api_keys": "--api-key",
     "picker_params": "--picker-param",
     "worker_kv_capacity_tokens": "--worker-kv-capacity",
@@ -29,6 +32,9 @@ _FLAG_NAMES = {
 }
 _METAVARS = {
     "workers": "URL",
+    "prefill_workers": "URL [BOOTSTRAP_PORT]",
+    "decode_workers": "URL",
+    "bootstrap_ports": "URL=PORT",
     "api_keys": "KEY",
     "picker_params": "NAME=VALUE",
     "worker_kv_capacity_tokens": "URL=TOKENS",
@@ -36,7 +42,12 @@ _METAVARS = {
     "discover": "URI",
 }
 
-_KEY_VALUE_FIELDS = ("picker_params", "worker_kv_capacity_tokens", "worker_models")
+_KEY_VALUE_FIELDS = (
+    "picker_params",
+    "worker_kv_capacity_tokens",
+    "worker_models",
+    "bootstrap_ports",
+)
 
 
 def _is_list(annotation: Any) -> bool:
@@ -114,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError, OSError) as exc:
         print(f"cache-router serve: {exc}", file=sys.stderr)
         return 2
-    if not settings.workers:
+    if not settings.roles():
         print(
             "cache-router serve: no workers yet (add some with --worker URL or POST /workers)",
             file=sys.stderr,

@@ -134,3 +134,11 @@ class StreamScanner:
                     continue  # the usage-only chunk the client never asked for
             kept.append(event)
         return b"".join(kept)
+
+
+def stream_usage(data: bytes) -> Usage | None:
+    """The usage of a whole event stream held in ``data`` (an answer read to its end)."""
+    scanner = StreamScanner(False)
+    scanner.feed(data)
+    scanner.flush()
+    return scanner.usage

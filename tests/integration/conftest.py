@@ -20,7 +20,9 @@ fixture's finalizer, at interpreter exit (``atexit``) and on SIGTERM, also when 
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -174,6 +176,51 @@ def lora_workers(real_workers: RealWorkers) -> Iterator[LoraWorkers]:
         yield LoraWorkers([f"http://127.0.0.1:{p}" for p in ports], LORA_NAME, path)
     finally:
         subprocess.run(["bash", stop, *map(str, ports)], env=env, timeout=120, check=False)
+
+
+PD_CONNECTOR = "ExampleConnector"
+"""vLLM's example KV connector: KV saved to and loaded from a shared folder, by the prompt's
+token ids; it runs on the CPU backend (bench/real_workers/pd_notes.md: what was tried)."""
+
+
+@dataclass
+class PdWorkers:
+    """A prefill and a decode worker sharing ``kv_dir`` through ``PD_CONNECTOR``."""
+
+    prefill: str
+    decode: str
+    kv_dir: Path
+
+
+@pytest.fixture(scope="module")
+def pd_workers(real_workers: RealWorkers) -> Iterator[PdWorkers]:
+    """Two more workers of the tiny model with ``--kv-transfer-config`` (``PD_CONNECTOR``,
+    ``kv_both``, one shared folder), in the session's run directory (its finalizers stop them
+    too if this one does not run), stopped by port at the end of the module."""
+    rw_dir = Path(os.environ.get("CACHE_ROUTER_RW_DIR", Path(tempfile.gettempdir()) / "realworker"))
+    if os.environ.get("CACHE_ROUTER_RW_URLS"):  # the session's workers are someone else's
+        run_dir = Path(tempfile.mkdtemp(prefix="cache-router-rw-pd-"))
+    else:
+        run_dir = real_workers.run_dir
+    kv_dir = Path(tempfile.mkdtemp(prefix="cache-router-pd-kv-"))
+    config = json.dumps(
+        {"kv_connector": PD_CONNECTOR, "kv_role": "kv_both",
+         "kv_connector_extra_config": {"shared_storage_path": str(kv_dir)}},
+        separators=(",", ":"),
+    )  # fmt: skip  # no spaces: setup.sh splits RW_EXTRA_ARGS on them
+    env = {**_env(rw_dir, run_dir), "RW_KV_EVENTS": "0",
+           "RW_EXTRA_ARGS": f"--kv-transfer-config {config}"}  # fmt: skip
+    setup, stop = str(SCRIPTS / "setup.sh"), str(SCRIPTS / "stop.sh")
+    ports = free_worker_ports(2)
+    try:
+        t0 = time.monotonic()
+        _start(setup, ports, env, run_dir)
+        print(f"\n2 PD workers started in {time.monotonic() - t0:.0f} s")
+        prefill, decode = (f"http://127.0.0.1:{p}" for p in ports)
+        yield PdWorkers(prefill, decode, kv_dir)
+    finally:
+        subprocess.run(["bash", stop, *map(str, ports)], env=env, timeout=120, check=False)
+        shutil.rmtree(kv_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

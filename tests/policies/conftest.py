@@ -23,6 +23,8 @@ class FakeWorker:
     healthy: bool = True
     block_size: int = BLOCK
     estimate_calls: int = 0
+    held_tokens: int = 0
+    kv_capacity_tokens: int = 1 << 20
 
     def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
         self.estimate_calls += 1

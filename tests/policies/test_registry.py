@@ -24,6 +24,7 @@ def test_names():
         "random",
         "power_of_two",
         "sglang_cache_aware",
+        "decode_load",
     }
 
 

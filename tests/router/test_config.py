@@ -80,3 +80,33 @@ def test_serve_flags_parse_into_settings():
     assert s.stream_usage is False
     assert [k.get_secret_value() for k in s.api_keys] == ["k1", "k2"]
     assert "k1" not in repr(s) and "k2" not in s.model_dump_json()  # keys are secrets
+
+
+def test_roles_of_a_disaggregated_fleet_parse_as_sglang_router_takes_them():
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--worker", "agg:1",
+            "--prefill", "http://p:1", "9001", "p:2",
+            "--prefill", "p:3", "--decode", "d:1", "d:2",
+            "--bootstrap-port", "http://p:2=9002",
+            "--pd-protocol", "sglang",
+        ]
+    )  # fmt: skip
+    s = settings_from_args(args)
+    assert s.roles() == [
+        ("http://agg:1", "both"),
+        ("http://p:1", "prefill"),
+        ("http://p:2", "prefill"),
+        ("http://p:3", "prefill"),
+        ("http://d:1", "decode"),
+        ("http://d:2", "decode"),
+    ]
+    assert [s.bootstrap_port(f"http://p:{i}") for i in (1, 2, 3)] == [9001, 9002, 8998]
+    assert s.pd_protocol == "sglang" and s.decode_policy == "decode_load"
+    with pytest.raises(ValueError, match="one role"):
+        load_settings(prefill_workers=["x:1"], decode_workers=["http://x:1"])
+    with pytest.raises(ValueError, match="follows no URL"):
+        load_settings(prefill_workers=["9000", "x:1"])
+    with pytest.raises(ValueError, match="unknown picker"):
+        load_settings(decode_policy="nope")

@@ -16,7 +16,7 @@ from dns_support import Dnsmasq
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import load_settings
-from router.fleet.discovery import Discovery, make_source
+from router.fleet.discovery import Discovery, make_source, split_role
 from router.fleet.membership import Membership
 from router.fleet.pool import WorkerPool
 from traces.fleet import Service, free_port, start_service
@@ -165,8 +165,11 @@ def test_records_join_and_drain_while_requests_flow(dnsmasq, loopback_workers, p
             left = _until(lambda: fleet_is({w3, w4}), 5)
             time.sleep(0.5)
         assert joined is not None and left is not None
-        # two intervals, plus the polling of /metrics (every process's, gathered)
-        assert joined < 2 * INTERVAL + 0.5 and left < 2 * INTERVAL + 0.5, (joined, left)
+        # two intervals, plus the polling of /metrics (every process's, gathered), with room
+        # for a loaded 2-core machine (2.0 s seen beside other test runs): the fleet follows
+        # the records within a few rounds, not at the next request's luck
+        bound = 2 * INTERVAL + 2.0
+        assert joined < bound and left < bound, (joined, left)
         assert set(traffic.statuses) == {200}, (traffic.statuses, traffic.errors[:3])
         assert sum(traffic.statuses.values()) > 20
         assert w4 in traffic.workers  # the new worker took requests
@@ -174,3 +177,18 @@ def test_records_join_and_drain_while_requests_flow(dnsmasq, loopback_workers, p
         assert discovery[0]["workers"] == sorted([w3, w4]) and discovery[0]["snapshots"] > 3
     finally:
         router.stop()
+
+
+def test_a_sources_role_comes_from_its_uri_and_the_source_never_sees_it() -> None:
+    d = _discovery(discover=["dns://p.test:8000?role=prefill&bootstrap_port=9000",
+                             "dns://d.test:8000?role=decode"])  # fmt: skip
+    prefill, decode = d.sources
+    assert (prefill.uri, decode.uri) == ("dns://p.test:8000", "dns://d.test:8000")
+    d.apply(prefill, frozenset({"http://10.0.0.1:8000"}))
+    d.apply(decode, frozenset({"http://10.0.0.2:8000"}))
+    workers = {w.url: (w.role, w.bootstrap_port) for w in d.membership.pool.workers}
+    assert workers == {"http://10.0.0.1:8000": ("prefill", 9000),
+                       "http://10.0.0.2:8000": ("decode", None)}  # fmt: skip
+    assert [s["role"] for s in d.describe()] == ["prefill", "decode"]
+    with pytest.raises(ValueError, match="role"):
+        split_role("dns://x.test:1?role=primary")

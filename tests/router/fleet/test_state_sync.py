@@ -165,10 +165,11 @@ async def test_membership_follows_the_shared_set(redis):
     try:  # b started with one flag worker; the shared set (a's two) wins, as a union
         await until(lambda: [w.url for w in b.pool.workers] == WORKERS)
         assert added == [WORKERS[1]]
-        new = a.pool.add("http://127.0.0.1:3", 4096)
+        new = a.pool.add("http://127.0.0.1:3", 4096, "prefill", 9001)
         a.worker_added(new)
         await until(lambda: b.pool.get("http://127.0.0.1:3") is not None)
-        assert b.pool.get("http://127.0.0.1:3").capacity_tokens == 4096
+        there = b.pool.get("http://127.0.0.1:3")
+        assert (there.capacity_tokens, there.role, there.bootstrap_port) == (4096, "prefill", 9001)
         b.pool.remove(WORKERS[0])
         b.worker_removed(WORKERS[0])
         await until(lambda: a.pool.get(WORKERS[0]) is None)
