@@ -104,7 +104,8 @@ th, td { padding: 5px 8px; border-bottom: 1px solid var(--line); white-space: no
 th { text-align: right; color: var(--muted); font-weight: 600; font-size: 12px; }
 td { text-align: right; }
 th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) { text-align: left; }
-#workers th:nth-child(3), #workers td:nth-child(3) { text-align: left; }
+#workers th:nth-child(3), #workers td:nth-child(3),
+#workers th:nth-child(4), #workers td:nth-child(4) { text-align: left; }
 #models { margin-top: 14px; }
 #models td:nth-child(2), #models th:nth-child(2) { text-align: right; }
 td.ok { color: var(--ok); } td.bad { color: var(--bad); }
@@ -208,6 +209,7 @@ _SCRIPT = r"""
       const mc = cell(tr, models ? models.join(", ") : "any (not read yet)", "models");
       if (Array.isArray(w.adapters) && w.adapters.length)
         mc.title = "LoRA adapters: " + w.adapters.join(", ");
+      cell(tr, String(w.role || "both"), "role");  // disaggregated fleets: prefill / decode
       const fails = num(w.consecutive_failures);
       const health = w.healthy ? "up" : "down" + (fails ? " (" + fails + " failures)" : "");
       const hc = cell(tr, health, "health", w.healthy ? "ok" : "bad");
@@ -525,7 +527,9 @@ _BODY = """
 <div class="panel" id="table-panel">
   <table id="workers">
     <thead><tr>
-      <th>worker</th><th>models</th><th>health</th><th>in flight</th><th>pending prefill</th>
+      <th>worker</th><th>models</th>
+      <th title="both (aggregated), prefill or decode">role</th><th>health</th>
+      <th>in flight</th><th>pending prefill</th>
       <th>requests</th><th>req/s</th><th>prompt tokens</th>
       <th title="the picker's estimated hit tokens / prompt tokens">est. hit</th>
       <th title="cached tokens the worker reported (router units) / prompt tokens">

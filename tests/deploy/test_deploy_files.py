@@ -218,6 +218,35 @@ def test_compose_checks_reject_a_bad_compose_file(tmp_path: Path) -> None:
     assert schema.returncode != 0
 
 
+def test_k8s_pd_worker_lists_match_both_statefulsets(tmp_path: Path) -> None:
+    resources = kustomize("pd")
+    sets = {r["metadata"]["name"]: r for r in resources if r["kind"] == "StatefulSet"}
+    services = {r["metadata"]["name"]: r for r in resources if r["kind"] == "Service"}
+
+    def urls(name: str) -> list[str]:
+        sts = sets[name]
+        svc = services[sts["spec"]["serviceName"]]
+        assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+        assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+        port = svc["spec"]["ports"][0]["port"]
+        return [f"http://{name}-{i}.{svc['metadata']['name']}:{port}"
+                for i in range(sts["spec"]["replicas"])]  # fmt: skip
+
+    (config_map,) = [r for r in resources if r["kind"] == "ConfigMap"]
+    settings_file = tmp_path / "config.yaml"
+    settings_file.write_text(config_map["data"]["config.yaml"])
+    settings = load_settings(settings_file)  # the router accepts it
+    assert settings.prefill_workers == urls("vllm")
+    assert settings.decode_workers == urls("vllm-decode")
+    assert settings.pd_protocol == "vllm" and not settings.workers
+    for sts in sets.values():  # both pools run the same KV connector, side channel on the pod IP
+        container = sts["spec"]["template"]["spec"]["containers"][0]
+        assert any("NixlConnector" in arg for arg in container["args"]), container["args"]
+        env = {e["name"]: e for e in container["env"]}
+        side_channel = env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"]["fieldRef"]
+        assert side_channel["fieldPath"] == "status.podIP"
+
+
 def test_k8s_validation_rejects_bad_manifests(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: [monitor.yaml, deploy.yaml]\n")
     (tmp_path / "monitor.yaml").write_text(

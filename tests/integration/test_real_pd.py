@@ -45,6 +45,8 @@ def test_the_decode_worker_gets_the_prefill_workers_kv(pd_workers, pd_router, st
         prompt = unique(f"pd-{stream}-{i}") + text(311 * i + 7, 900)
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0,
                 "stream": stream, "logprobs": 3}  # fmt: skip
+        if stream:  # the client's own request for usage (else the router drops the chunk)
+            body["stream_options"] = {"include_usage": True}
         r = httpx.post(f"{pd_router.url}/v1/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text[:500]
         assert r.headers["x-cache-router-worker"] == pd_workers.decode
@@ -64,6 +66,7 @@ def test_the_decode_worker_gets_the_prefill_workers_kv(pd_workers, pd_router, st
         assert cached == (prompt_tokens - 1) // BLOCK * BLOCK > 0, usage
         # the same first token as the prefill worker computes itself
         again = {**body, "stream": False, "max_tokens": 1}
+        again.pop("stream_options", None)
         alone = httpx.post(f"{pd_workers.prefill}/v1/completions", json=again, timeout=120)
         mine = alone.json()["choices"][0]["logprobs"]["top_logprobs"][0]
         theirs = first["logprobs"]["top_logprobs"][0]

@@ -422,6 +422,11 @@ def test_dashboard_in_chromium(browser: Chromium, workers: list[Service], tmp_pa
             ".map(td => td.textContent)"
         )
         assert served == ["sim-model", "sim-model"]
+        roles = tab.eval(
+            "[...document.querySelectorAll('#workers-body td[data-col=role]')]"
+            ".map(td => td.textContent)"
+        )
+        assert roles == ["both", "both"]
         model_requests = tab.eval(
             'document.querySelector(\'#models-body tr[data-model="sim-model"] '
             "td[data-col=requests]')?.textContent"
