@@ -182,7 +182,7 @@ class WorkerPool:
         self.picker = self._new_picker()
         self.decode_picker = make_picker(settings.decode_policy)
         self._views_by_model: dict[tuple[str | None, bool], Sequence[Any] | None] = {}
-        self._roles: frozenset[str] = frozenset()  # the roles of the workers in the pool
+        self._decode_workers = False  # some worker of the pool is a decode worker
         self.adapter_names: frozenset[str] = frozenset()  # adapters any worker serves
         self._served: frozenset[str] = frozenset()  # models some worker is known to serve
         # called with every booking (router/fleet/state_sync.py shares them with other replicas)
@@ -278,7 +278,7 @@ class WorkerPool:
         self._views_by_model = {}
         self.adapter_names = frozenset().union(*(w.adapters for w in self.workers))
         self._served = frozenset().union(*(w.models or () for w in self.workers))
-        self._roles = frozenset(w.role for w in self.workers)
+        self._decode_workers = any(w.role == DECODE for w in self.workers)
 
     def model_stats(self, model: str | None) -> ModelStats:
         """The counters of requests naming ``model`` (labels bounded: see PoolStats)."""
@@ -298,8 +298,7 @@ class WorkerPool:
         that do not serve it (or are of the other role: decode workers unless ``decode``,
         only decode workers if it) shown as unavailable. Raises :class:`ModelNotServed` when
         no worker serves the model (workers whose models are not known yet may)."""
-        roles = self._roles
-        if not decode and DECODE not in roles and (model is None or not self.workers):
+        if not decode and not self._decode_workers and (model is None or not self.workers):
             return self.states  # (no worker at all: a 503, not a 404)
         key = (model, decode)
         views = self._views_by_model.get(key, False)
