@@ -9,9 +9,12 @@ should match; ``--offline`` runs only that.
 
 The sample is the first 240 requests of the Weka agentic-coding traces (45 sessions, prompts
 of about 50k tokens that mostly extend the previous turn), where routing decides most of the
-prefill work. The live run is 20x faster than the trace (the simulated workers too), with
-outputs capped at 64 tokens, so it takes about a minute; on a busy machine the live latencies
-read high (every real millisecond is 20 modelled ones), the hit rates do not.
+prefill work. Turns are session-paced (``--pacing session``): each is sent after its
+session's previous answer plus the recorded think time, as an agent (and the traces' own
+replayer) sends them; the demo says how much prefill work that offers the fleet. The live
+run is 20x faster than the trace (the simulated workers too), with outputs capped at 64
+tokens, so it takes about a minute; on a busy machine the live latencies read high (every
+real millisecond is 20 modelled ones), the hit rates do not.
 """
 
 from __future__ import annotations
@@ -35,6 +38,26 @@ MAX_OUTPUT = 64
 def sample_trace_path() -> Path:
     """The bundled trace sample (package data of ``traces``)."""
     return Path(str(resources.files("traces") / "data" / "weka_agentic_sample.jsonl"))
+
+
+def offered_load(trace) -> str:
+    """How loaded the fleet is: the prompt tokens the trace offers per second at its own
+    times, against the fleet's prefill rate if nothing were cached (and if everything that
+    can be cached were: the trace's infinite-cache ceiling)."""
+    from traces.stats import hit_ceiling
+    from traces.worker_model import WorkerModelConfig
+
+    ceiling = hit_ceiling(trace).token_ratio or 0.0
+    span = max(1e-9, trace[-1].arrival - trace[0].arrival)
+    offered = sum(r.input_length for r in trace) / span
+    capacity = WORKERS * WorkerModelConfig().prefill_tokens_per_s
+    return (
+        f"load: {offered:,.0f} prompt tokens/s at the trace's own times ({span:,.0f} s), "
+        f"{offered / capacity:.1f}x the {WORKERS} workers' prefill rate if nothing were "
+        f"cached, {offered * (1 - ceiling) / capacity:.2f}x if every reusable prefix were "
+        f"(the infinite-cache ceiling, {ceiling:.0%}); session pacing slows sessions that "
+        "wait for their answers"
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,10 +85,13 @@ def _main(args: argparse.Namespace) -> int:
     parser = _job_parser()
     trace_path = str(sample_trace_path())
     out = Path(args.out)
-    common = ["--trace", trace_path, "--policies", POLICIES]
+    # an agent sends its next turn after the previous answer: session pacing, as the Weka
+    # traces' own replayer (open loop would send turns before their predecessors' answers)
+    common = ["--trace", trace_path, "--policies", POLICIES, "--pacing", "session"]
     started = time.perf_counter()
     try:
         trace = load_trace(trace_path)
+        print(offered_load(trace), file=sys.stderr)
         if not args.offline:
             print(
                 f"live: {WORKERS} simulated workers (KV {KV_TOKENS:,} tokens each), one router "

@@ -255,6 +255,7 @@ def run_and_report(
     runs = run_policies(trace, policies, config, args.seed, args.max_turns, progress=True)
     summary = trace_summary(trace_path, trace)
     document = results_document(summary, config.fleet_size, time.perf_counter() - started, runs)
+    document["pacing"] = config.pacing
     if config.disaggregated:
         add_disaggregation(document, config, runs)
     written = write_results(document, out)

@@ -169,6 +169,7 @@ def _replay_main(args: argparse.Namespace) -> int:
         trace_summary(args.trace, trace), [outcome], len(outcome.workers),
         time.perf_counter() - started, 1.0,
     )  # fmt: skip
+    document["pacing"] = args.pacing
     report_outcomes(document, [outcome], Path(args.out))
     return 1 if outcome.run.requests == 0 else 0
 
@@ -215,6 +216,7 @@ def run_sweep(
         trace_summary(args.trace, trace), outcomes, len(workers), wall, time_scale,
         shadows, active, lags,
     )  # fmt: skip
+    document["pacing"] = args.pacing
     return document, outcomes
 
 

@@ -85,10 +85,12 @@ def test_live_shadow_errors_match_the_simulator_under_memory_pressure(tmp_path: 
 
 def test_demo_offline_prints_the_table(tmp_path: Path, capsys):
     assert main(["demo", "--offline", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
     for policy in ("ttft", "lmetric", "load_only", "sticky", "unified", "capped"):
-        assert f"| {policy} |" in out
-    assert (tmp_path / "offline" / "results.json").exists()
+        assert f"| {policy} |" in captured.out
+    doc = json.loads((tmp_path / "offline" / "results.json").read_text())
+    assert doc["pacing"] == "session"  # an agentic trace: turns after answers
+    assert "x the 4 workers' prefill rate" in captured.err  # how loaded the fleet is
 
 
 @SLOW
