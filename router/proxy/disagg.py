@@ -19,7 +19,7 @@ by two workers, each leg as its engine defines it:
   worker's bootstrap server) and a fresh ``bootstrap_room``, and goes to both at once; the
   decode worker's answer is the client's. A retry needs both legs again, in a new room.
 
-Both legs carry the same ``X-Request-Id``, which the engines use to match them.
+Both legs of a pair carry the same ``X-Request-Id``, which the engines use to match them.
 """
 
 from __future__ import annotations
@@ -62,16 +62,21 @@ def protocol_of(settings: Settings, prefill: Worker) -> str:
     return SGLANG if prefill.truth.engine == "sglang" else VLLM
 
 
-def request_id_header(headers: bytes) -> tuple[bytes, bytes]:
-    """The forwarded header lines with an ``x-request-id`` (the client's, else a new one),
-    and the id."""
+def with_request_id(headers: bytes, attempt: int) -> bytes:
+    """The forwarded header lines with one ``x-request-id`` for both legs of a pair: the
+    client's, else a new one; a retried pair's gets the attempt's number (an engine keeps a
+    request id while the request lives)."""
     lower = headers.lower()
     at = lower.find(b"x-request-id: ")
     if at >= 0 and (at == 0 or lower[at - 1 : at] == b"\n"):
-        end = headers.index(b"\r\n", at)
-        return headers, headers[at + len(b"x-request-id: ") : end]
-    rid = uuid.uuid4().hex.encode()
-    return headers + b"x-request-id: " + rid + b"\r\n", rid
+        end = headers.index(b"\r\n", at) + 2
+        rid = headers[at + len(b"x-request-id: ") : end - 2]
+        headers = headers[:at] + headers[end:]
+    else:
+        rid = uuid.uuid4().hex.encode()
+    if attempt:
+        rid += b"-%d" % attempt
+    return headers + b"x-request-id: " + rid + b"\r\n"
 
 
 def vllm_prefill_body(body: dict[str, Any]) -> bytes:

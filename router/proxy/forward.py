@@ -75,9 +75,9 @@ from router.proxy.disagg import (
     bootstrap_fields,
     kv_transfer_params,
     protocol_of,
-    request_id_header,
     vllm_prefill_body,
     with_fields,
+    with_request_id,
 )
 from router.proxy.errors import (
     BadGateway,
@@ -370,13 +370,15 @@ class Forwarder(RouterCore):
         respond: Respond,
         final: bool,
         body: bytes | None = None,
+        headers: bytes | None = None,
     ) -> RouterError | None:
         """One try on ``worker``; a RouterError to retry, None when the client was answered.
-        ``body``: what the worker gets instead of ``ex.body`` (a disaggregated decode leg)."""
+        ``body``, ``headers``: what the worker gets instead of ``ex.body`` and ``ex.headers``
+        (a disaggregated decode leg)."""
         stats = worker.stats
         booking = self.book(ex, worker, pick, radix_later=True)
         if body is None:
-            body = ex.body
+            body, headers = ex.body, ex.headers
         conn: Connection | None = None
         scanner: StreamScanner | None = None
         status_label = "upstream_lost"
@@ -384,7 +386,7 @@ class Forwarder(RouterCore):
             try:
                 if ex.body_rest is None:
                     conn = await worker.upstream.request(
-                        ex.method, ex.path, ex.headers, body, self.read_timeout,
+                        ex.method, ex.path, headers, body, self.read_timeout,
                         booking.insert_radix,
                     )  # fmt: skip
                 else:
@@ -532,13 +534,12 @@ class Forwarder(RouterCore):
         if ex.drop_usage_chunk:  # the usage the router asked the worker for, as in ex.body
             fields = {**fields, "stream_options": {**(fields.get("stream_options") or {}),
                                                    "include_usage": True}}  # fmt: skip
-        headers, _ = request_id_header(ex.headers)
         table = self.pool.stats.disaggregated
         try:
             if protocol == VLLM:
-                error = await self._vllm_pair(ex, prefill, pick, fields, headers, send, respond)
+                error = await self._vllm_pair(ex, prefill, pick, fields, send, respond)
             else:
-                error = await self._sglang_pair(ex, prefill, pick, fields, headers, send, respond)
+                error = await self._sglang_pair(ex, prefill, pick, fields, send, respond)
         except RouterError as exc:
             table[protocol, exc.code] = table.get((protocol, exc.code), 0) + 1
             raise
@@ -547,7 +548,7 @@ class Forwarder(RouterCore):
         return error
 
     async def _vllm_pair(
-        self, ex: Exchange, prefill: Worker, pick, fields: dict, headers: bytes, send, respond
+        self, ex: Exchange, prefill: Worker, pick, fields: dict, send, respond
     ) -> RouterError | None:
         """vLLM: the prefill leg, then its ``kv_transfer_params`` with the request to a
         decode worker. A decode worker that fails before any byte is retried on another one
@@ -555,87 +556,80 @@ class Forwarder(RouterCore):
         the KV already; the prefix is cached there now, so the leg costs little)."""
         attempts = self.settings.max_attempts
         last_error: RouterError | None = None
-        ex_headers = ex.headers
         prefill_body = vllm_prefill_body(fields)
-        try:
-            for attempt in range(attempts):
-                decode, decode_pick = self.choose(ex, last_error, decode=True)
-                ex.tried.remove(decode)  # (chosen first: no prefill leg without a decode worker)
-                answer = await self._prefill_leg(ex, prefill, pick, prefill_body, headers)
-                if isinstance(answer, GatewayTimeout):
-                    raise answer  # as for any request: nothing in time from a worker is a 504
-                if isinstance(answer, RouterError):
-                    return answer  # another prefill worker
-                status, response_headers, data = answer
-                self.metrics.prefill_leg(VLLM).observe(time.perf_counter() - ex.start)
-                if status != 200:  # the request's own fault (a 4xx): the client's answer
-                    ex.started = ex.responded = True
-                    headers_out = self._response_headers(response_headers, prefill, False)
-                    await respond(status, headers_out, data, False)
-                    return None
-                params = kv_transfer_params(data)  # none: a connector that finds KV by prompt
-                extra = {"kv_transfer_params": params} if params else {}
-                ex.tried.append(decode)
-                ex.headers = headers
-                error = await self._attempt(
-                    ex, decode, decode_pick, send, respond, attempt == attempts - 1,
-                    with_fields(fields, **extra),
-                )  # fmt: skip
-                ex.headers = ex_headers
-                if error is None:
-                    return None
-                last_error = error
-            raise last_error  # type: ignore[misc]
-        finally:
-            ex.headers = ex_headers
+        for attempt in range(attempts):
+            decode, decode_pick = self.choose(ex, last_error, decode=True)
+            ex.tried.remove(decode)  # (chosen first: no prefill leg without a decode worker)
+            headers = with_request_id(ex.headers, attempt)
+            answer = await self._prefill_leg(ex, prefill, pick, prefill_body, headers)
+            if isinstance(answer, GatewayTimeout):
+                raise answer  # as for any request: nothing in time from a worker is a 504
+            if isinstance(answer, RouterError):
+                return answer  # another prefill worker
+            status, response_headers, data = answer
+            self.metrics.prefill_leg(VLLM).observe(time.perf_counter() - ex.start)
+            if status != 200:  # the request's own fault (a 4xx): the client's answer
+                ex.started = ex.responded = True
+                headers_out = self._response_headers(response_headers, prefill, False)
+                await respond(status, headers_out, data, False)
+                return None
+            params = kv_transfer_params(data)  # none: a connector that finds KV by prompt
+            extra = {"kv_transfer_params": params} if params else {}
+            ex.tried.append(decode)
+            error = await self._attempt(
+                ex, decode, decode_pick, send, respond, attempt == attempts - 1,
+                with_fields(fields, **extra), headers,
+            )  # fmt: skip
+            if error is None:
+                return None
+            last_error = error
+        raise last_error  # type: ignore[misc]
 
     async def _sglang_pair(
-        self, ex: Exchange, prefill: Worker, pick, fields: dict, headers: bytes, send, respond
+        self, ex: Exchange, prefill: Worker, pick, fields: dict, send, respond
     ) -> RouterError | None:
         """SGLang: the prefill and the decode leg at once, in a fresh bootstrap room; a
         decode worker that fails before any byte is retried (another one, another room); a
         prefill leg that fails first cancels the decode leg and is retried elsewhere."""
         attempts = self.settings.max_attempts
         last_error: RouterError | None = None
-        ex_headers, ex.headers = ex.headers, headers
-        try:
-            for attempt in range(attempts):
-                decode, decode_pick = self.choose(ex, last_error, decode=True)
-                body = with_fields(fields, **bootstrap_fields(prefill))
-                leg = asyncio.get_running_loop().create_task(
-                    self._prefill_leg(ex, prefill, pick, body, headers, on_error=ex.leg_failed)
-                )
-                try:
-                    error = await self._attempt(
-                        ex, decode, decode_pick, send, respond, attempt == attempts - 1, body
-                    )
-                except asyncio.CancelledError:
-                    failed = ex.leg_error
-                    if failed is None or ex.client_gone:
-                        raise
-                    ex.leg_error = None
-                    ex.task.uncancel()  # type: ignore[union-attr]
-                    if isinstance(failed, GatewayTimeout):
-                        raise failed from None
-                    return failed  # the prefill worker failed: another one, from the start
-                finally:
-                    if not leg.done():
-                        if ex.started:  # the decode answered: its prefill is done, or will be
-                            await asyncio.shield(leg)
-                        else:
-                            leg.cancel()
-                            await asyncio.gather(leg, return_exceptions=True)
-                answer = leg.result() if not leg.cancelled() else None
-                if error is None:
-                    if not isinstance(answer, RouterError):
-                        self.metrics.prefill_leg(SGLANG).observe(time.perf_counter() - ex.start)
-                    return None
-                if isinstance(answer, RouterError):
-                    return answer  # both failed: the prefill worker's is retried first
-                last_error = error
-            raise last_error  # type: ignore[misc]
-        finally:
-            ex.headers = ex_headers
+        for attempt in range(attempts):
+            decode, decode_pick = self.choose(ex, last_error, decode=True)
+            body = with_fields(fields, **bootstrap_fields(prefill))
+            headers = with_request_id(ex.headers, attempt)
+            leg = asyncio.get_running_loop().create_task(
+                self._prefill_leg(ex, prefill, pick, body, headers, on_error=ex.leg_failed)
+            )
+            try:
+                error = await self._attempt(
+                    ex, decode, decode_pick, send, respond, attempt == attempts - 1, body,
+                    headers,
+                )  # fmt: skip
+            except asyncio.CancelledError:
+                failed = ex.leg_error
+                if failed is None or ex.client_gone:
+                    raise
+                ex.leg_error = None
+                ex.task.uncancel()  # type: ignore[union-attr]
+                if isinstance(failed, GatewayTimeout):
+                    raise failed from None
+                return failed  # the prefill worker failed: another one, from the start
+            finally:
+                if not leg.done():
+                    if ex.started:  # the decode answered: its prefill is done, or will be
+                        await asyncio.shield(leg)
+                    else:
+                        leg.cancel()
+                        await asyncio.gather(leg, return_exceptions=True)
+            answer = leg.result() if not leg.cancelled() else None
+            if error is None:
+                if not isinstance(answer, RouterError):
+                    self.metrics.prefill_leg(SGLANG).observe(time.perf_counter() - ex.start)
+                return None
+            if isinstance(answer, RouterError):
+                return answer  # both failed: the prefill worker's is retried first
+            last_error = error
+        raise last_error  # type: ignore[misc]
 
     async def _prefill_leg(
         self,

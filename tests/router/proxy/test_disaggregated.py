@@ -112,6 +112,11 @@ def test_every_request_is_prefilled_and_decoded_by_the_engines_protocol(router_s
             assert r.headers["x-cache-router-worker"] in decode_urls
             assert len(_answer_text(r, stream)) > 0
             served += 1
+        # the client's request id reaches both legs (the workers name their answers by it)
+        r = client.post("/v1/chat/completions", json=_chat(50, False),
+                        headers={"x-request-id": "client-id-7"})  # fmt: skip
+        assert r.status_code == 200 and "client-id-7" in r.json()["id"], r.text
+        served += 1
         body = {"model": "sim-model", "prompt": SYSTEM + "complete this", "max_tokens": 4}
         for stream in (False, True):
             r = client.post("/v1/completions", json={**body, "stream": stream})
