@@ -613,6 +613,7 @@ class Forwarder(RouterCore):
                 ex.task.uncancel()  # type: ignore[union-attr]
                 if isinstance(failed, GatewayTimeout):
                     raise failed from None
+                ex.tried.remove(decode)  # not its fault: it may take the next pair
                 return failed  # the prefill worker failed: another one, from the start
             finally:
                 if not leg.done():
@@ -627,7 +628,11 @@ class Forwarder(RouterCore):
                     self.metrics.prefill_leg(SGLANG).observe(time.perf_counter() - ex.start)
                 return None
             if isinstance(answer, RouterError):
-                return answer  # both failed: the prefill worker's is retried first
+                # both failed, the decode leg most likely for want of the prefill's KV: the
+                # prefill worker is retried, the decode worker is not blamed
+                ex.tried.remove(decode)
+                ex.failures = [(w, why) for w, why in ex.failures if w is not decode]
+                return answer
             last_error = error
         raise last_error  # type: ignore[misc]
 

@@ -207,3 +207,26 @@ def test_a_decode_worker_killed_mid_replay_loses_no_request_not_yet_streaming(ro
     finally:
         for service in decode:
             service.stop()
+
+
+def test_a_dead_prefill_worker_is_retried_elsewhere_and_taken_out(router_server, fleet):
+    """A prefill leg that cannot connect: another prefill worker serves the request (SGLang:
+    the decode leg already waiting in the dead worker's room is cancelled first), the dead
+    worker's circuit opens, and nothing stays booked."""
+    flavor, prefill, decode = fleet
+    dead = f"http://127.0.0.1:{free_port()}"
+    service, bootstrap = prefill[0]
+    flags = [dead] + (["9"] if bootstrap else []) + [service.url]
+    flags += [str(bootstrap)] if bootstrap else []
+    router = router_server(prefill_workers=flags, decode_workers=[decode[0].url],
+                           pd_protocol=flavor, policy="round_robin",
+                           health_interval_s=30.0)  # fmt: skip
+    with httpx.Client(base_url=router.url, timeout=30) as client:
+        for i in range(6):
+            r = client.post("/v1/chat/completions", json=_chat(200 + i, i % 2 == 1))
+            assert r.status_code == 200, r.text
+            assert r.headers["x-cache-router-worker"] == decode[0].url
+    workers = {w["url"]: w for w in httpx.get(router.url + "/workers", timeout=5).json()}
+    assert not workers[dead]["healthy"] and workers[dead]["requests_total"] >= 1
+    assert all(w["num_requests"] == 0 and w["held_tokens"] == 0 for w in workers.values())
+    assert _metric(router.url, "cache_router_retries_total", reason="connect_error") >= 1
