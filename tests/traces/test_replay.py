@@ -131,3 +131,19 @@ def test_a_requests_own_model_is_sent() -> None:
     assert _body(req, cfg, "default")["model"] == "lora-2"
     req.model = None
     assert _body(req, cfg, "default")["model"] == "default"
+
+
+def test_bodies_are_built_before_the_clock_within_a_budget(monkeypatch) -> None:
+    """What a run sends does not depend on whether its prompts were built earlier; a body
+    past the budget is left to be built when sent."""
+    import orjson
+
+    import traces.replay as replay_module
+    from traces.replay import _body, prebuilt_bodies
+
+    trace = shared_prefix_trace(6, 0.0, input_length=4000)
+    cfg = ReplayConfig(url="http://127.0.0.1:1", prompt_mode="text", salt=3)
+    bodies = prebuilt_bodies(trace, cfg, "m")
+    assert bodies == [orjson.dumps(_body(r, cfg, "m")) for r in trace]
+    monkeypatch.setattr(replay_module, "PREBUILD_BYTES", 2 * len(bodies[0]) + 10)
+    assert [b is not None for b in prebuilt_bodies(trace, cfg, "m")] == [True, True] + [False] * 4
