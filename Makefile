@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test test-latest lock lint lint-deploy image-steps bench clean
+.PHONY: venv demo test test-latest lock lint lint-deploy image-steps bench live-check clean
 
 # The tested set: requirements/test.lock (the `test` extra) and requirements/runtime.lock (what
 # the image installs), both compiled from pyproject.toml by `make lock`. The venv gets exactly
@@ -82,6 +82,13 @@ image-steps: venv
 
 bench: venv
 	$(BIN)/python bench/micro.py
+
+# Live against offline, each policy's TTFT p50/p90 and hit rate side by side, rankings that
+# flip flagged (bench/live_vs_offline.py; about 15 minutes on 2 cores for the four presets)
+live-check: venv
+	for preset in agentic conversation agentic-8 conversation-20x; do \
+		$(BIN)/python bench/live_vs_offline.py --preset $$preset --out out/live_check/$$preset || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) $(LOCK_VENV) $(LATEST_VENV) .pytest_cache .ruff_cache
