@@ -84,7 +84,7 @@ bench: venv
 	$(BIN)/python bench/micro.py
 
 # Live against offline, each policy's TTFT p50/p90 and hit rate side by side, rankings that
-# flip flagged (bench/live_vs_offline.py; about 15 minutes on 2 cores for the four presets)
+# flip flagged (bench/live_vs_offline.py; about 20 minutes on 2 cores for the four presets)
 live-check: venv
 	for preset in agentic conversation agentic-8 conversation-20x; do \
 		$(BIN)/python bench/live_vs_offline.py --preset $$preset --out out/live_check/$$preset || exit 1; \

@@ -83,8 +83,10 @@ PRESETS = {
         max_output_tokens=64,
         requests=1000,
     ),
-    # not tuned on: the agentic sample on twice the workers; the conversation sample at twice
-    # the load
+    # not tuned on: the agentic sample on twice the workers (half the load per worker); the
+    # conversation preset at twice the time compression (the same modelled load: live, the
+    # workers' time scale is the speedup; what changes is how much the router's own real
+    # milliseconds weigh)
     "agentic-8": dict(
         trace=_data("weka_agentic_sample.jsonl"),
         workers=8,
