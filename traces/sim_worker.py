@@ -69,6 +69,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router import __version__
 from router.cache.radix_tree import EVICTION_POLICIES
+from traces import kv_transfer
 from traces.kv_event_publisher import KVEventPublisher, PublisherConfig, config_from_json
 from traces.kv_event_wire import FLAVORS, Flavor
 from traces.record import BLOCK_TOKENS
@@ -514,25 +515,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=pd.role,
         help="both: aggregated (PD fields ignored); prefill / decode: one side of PD",
     )
-    g.add_argument(
-        "--kv-transfer-latency-ms",
-        type=float,
-        default=pd.kv_transfer_latency_s * 1000,
-        help="fixed cost of one KV transfer (model time, scaled by --time-scale)",
-    )
-    g.add_argument(
-        "--kv-transfer-gbps",
-        type=float,
-        default=pd.kv_transfer_gbps,
-        help="KV transfer bandwidth in GB/s (model time, scaled by --time-scale)",
-    )
-    g.add_argument(
-        "--kv-bytes-per-token",
-        type=int,
-        default=pd.kv_bytes_per_token,
-        help="KV bytes of one token (the default: an 8B model, 32 layers x 8 KV heads x 128 "
-        "x 2 x bf16); a decode transfers only the prompt tokens it has not cached itself",
-    )
+    kv_transfer.add_options(g, pd, " (model time, scaled by --time-scale)")
     g.add_argument(
         "--disaggregation-bootstrap-port",
         type=int,
@@ -587,9 +570,7 @@ def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
         loras=tuple(args.lora),
         pd=PdConfig(
             role=args.role,
-            kv_transfer_latency_s=args.kv_transfer_latency_ms / 1000,
-            kv_transfer_gbps=args.kv_transfer_gbps,
-            kv_bytes_per_token=args.kv_bytes_per_token,
+            **kv_transfer.from_args(args, PdConfig()),
             bootstrap_port=args.disaggregation_bootstrap_port,
             kv_hold_s=args.kv_hold_s,
             kv_wait_timeout_s=args.kv_wait_timeout_s,

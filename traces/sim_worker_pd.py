@@ -51,6 +51,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from router.cache.lora import adapter_blocks
+from traces import kv_transfer
 from traces.record import BLOCK_TOKENS
 from traces.sim_worker_api import ApiError, GenRequest
 from traces.sim_worker_engine import RealTimeWorker
@@ -72,9 +73,10 @@ class PdConfig:
     """One worker's side of disaggregated serving (``role`` both: aggregated, as before)."""
 
     role: Role = "both"
-    kv_transfer_latency_s: float = 0.002  # model seconds per transfer
-    kv_transfer_gbps: float = 25.0  # GB/s (1e9 bytes)
-    kv_bytes_per_token: int = 131_072  # 8B model: 32 layers x 8 KV heads x 128 x 2 x bf16
+    # the KV transfer's cost, model time (traces/kv_transfer.py)
+    kv_transfer_latency_s: float = kv_transfer.LATENCY_S
+    kv_transfer_gbps: float = kv_transfer.GBPS
+    kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN
     bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT  # SGLang prefill's listener; 0: any free
     kv_hold_s: float = 60.0  # real seconds a prefill keeps KV for its decode
     kv_wait_timeout_s: float = 30.0  # real seconds a SGLang decode polls for its room
@@ -83,10 +85,7 @@ class PdConfig:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {self.role!r}")
-        if self.kv_transfer_latency_s < 0 or self.kv_bytes_per_token < 0:
-            raise ValueError("KV transfer latency and bytes per token must be >= 0")
-        if not self.kv_transfer_gbps > 0:
-            raise ValueError("KV transfer bandwidth must be positive")
+        kv_transfer.check(self)
         if not 0 <= self.bootstrap_port < 65536:
             raise ValueError("the bootstrap port must be in [0, 65535]")
         if not (self.kv_hold_s > 0 and self.kv_wait_timeout_s > 0):
@@ -94,8 +93,7 @@ class PdConfig:
 
     def transfer_s(self, tokens: int) -> float:
         """Model seconds to move the KV of ``tokens`` tokens."""
-        size = tokens * self.kv_bytes_per_token
-        return self.kv_transfer_latency_s + size / (self.kv_transfer_gbps * 1e9)
+        return kv_transfer.seconds(self, tokens)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 from policies.base import Picker
 from policies.registry import PICKER_NAMES, make_picker, picker_params
 from router.cache.worker_state import SHADOW_KINDS
+from traces import kv_transfer
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.formats import load_trace
 from traces.oracle import ORACLE, OraclePicker
@@ -167,24 +168,7 @@ def add_disaggregation_options(p: argparse.ArgumentParser) -> None:
         default=d.decode_policy,
         help="picker of the decode worker in a disaggregated fleet",
     )
-    p.add_argument(
-        "--kv-transfer-latency-ms",
-        type=float,
-        default=d.kv_transfer_latency_s * 1000,
-        help="fixed cost of one prefill-to-decode KV transfer",
-    )
-    p.add_argument(
-        "--kv-transfer-gbps",
-        type=float,
-        default=d.kv_transfer_gbps,
-        help="KV transfer bandwidth, GB/s (1e9 bytes)",
-    )
-    p.add_argument(
-        "--kv-bytes-per-token",
-        type=int,
-        default=d.kv_bytes_per_token,
-        help="KV bytes of one prompt token (all layers), what a transfer moves per token",
-    )
+    kv_transfer.add_options(p, d)
 
 
 def add_pacing_option(p: argparse.ArgumentParser) -> None:
@@ -221,12 +205,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         prefill_workers=prefill,
         decode_workers=decode,
         decode_policy=getattr(args, "decode_policy", defaults.decode_policy),
-        kv_transfer_latency_s=getattr(
-            args, "kv_transfer_latency_ms", defaults.kv_transfer_latency_s * 1000
-        )
-        / 1000,
-        kv_transfer_gbps=getattr(args, "kv_transfer_gbps", defaults.kv_transfer_gbps),
-        kv_bytes_per_token=getattr(args, "kv_bytes_per_token", defaults.kv_bytes_per_token),
+        **kv_transfer.from_args(args, defaults),
     )
 
 

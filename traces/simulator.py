@@ -60,6 +60,7 @@ from router.cache.lora import AdapterSlots, under_adapter
 from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
 from router.cache.workload import PrefillRate
+from traces import kv_transfer
 from traces.pacing import Pacing, predecessors, release_time
 from traces.record import BLOCK_TOKENS, TraceRequest
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
@@ -88,19 +89,17 @@ class SimConfig:
     prefill_workers: int = 0
     decode_workers: int = 0
     decode_policy: str = "decode_load"  # picks the decode worker (policies.registry name)
-    kv_transfer_latency_s: float = 0.002  # per transfer, prefill worker to decode worker
-    kv_transfer_gbps: float = 25.0  # GB/s (1e9 bytes) of one transfer
-    kv_bytes_per_token: int = 131_072  # KV bytes of one prompt token (all layers)
+    # the KV transfer, prefill worker to decode worker (traces/kv_transfer.py)
+    kv_transfer_latency_s: float = kv_transfer.LATENCY_S
+    kv_transfer_gbps: float = kv_transfer.GBPS
+    kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN
 
     def __post_init__(self) -> None:
         if (self.prefill_workers > 0) != (self.decode_workers > 0):
             raise ValueError("a disaggregated fleet needs both prefill_workers and decode_workers")
         if self.prefill_workers < 0 or self.decode_workers < 0:
             raise ValueError("prefill_workers and decode_workers must be >= 0")
-        if self.kv_transfer_latency_s < 0 or self.kv_bytes_per_token < 0:
-            raise ValueError("kv_transfer_latency_s and kv_bytes_per_token must be >= 0")
-        if not self.kv_transfer_gbps > 0:
-            raise ValueError("kv_transfer_gbps must be > 0")
+        kv_transfer.check(self)
 
     @property
     def disaggregated(self) -> bool:
@@ -113,9 +112,7 @@ class SimConfig:
 
     def transfer_s(self, tokens: int) -> float:
         """Seconds to move ``tokens`` prompt tokens' KV from a prefill to a decode worker."""
-        return self.kv_transfer_latency_s + tokens * self.kv_bytes_per_token / (
-            self.kv_transfer_gbps * 1e9
-        )
+        return kv_transfer.seconds(self, tokens)
 
 
 @dataclass

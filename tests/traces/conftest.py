@@ -50,8 +50,9 @@ def conversation(shared: Callable[[str], Path]) -> list[TraceRequest]:
 
 
 @contextlib.contextmanager
-def _sim_worker_in_thread(config: SimWorkerConfig) -> Iterator[str]:
-    uv = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning", lifespan="off"))
+def _sim_worker_in_thread(config: SimWorkerConfig, lifespan: str = "off") -> Iterator[str]:
+    app = create_app(config)
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -66,10 +67,12 @@ def _sim_worker_in_thread(config: SimWorkerConfig) -> Iterator[str]:
         uv.should_exit = True
         thread.join(10)
         sock.close()
+        app.state.pd.close()  # an SGLang prefill's bootstrap listener (lifespan off: ours)
 
 
 @pytest.fixture(scope="session")
 def sim_worker_in_thread() -> Callable[[SimWorkerConfig], contextlib.AbstractContextManager[str]]:
-    """``with sim_worker_in_thread(config) as url``: a sim worker under uvicorn in a thread
-    of this process, on an ephemeral 127.0.0.1 port, stopped when the block ends."""
+    """``with sim_worker_in_thread(config[, lifespan]) as url``: a sim worker under uvicorn in
+    a thread of this process, on an ephemeral 127.0.0.1 port, stopped when the block ends
+    (``lifespan`` "off" by default, "on" to run the app's startup and shutdown)."""
     return _sim_worker_in_thread

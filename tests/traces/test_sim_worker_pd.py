@@ -14,10 +14,8 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,11 +24,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from traces.fleet import free_port
-from traces.sim_worker import SimWorkerConfig, add_parser, config_from_args, create_app
+from traces.sim_worker import SimWorkerConfig, add_parser, config_from_args
 from traces.sim_worker_pd import PdConfig
 from traces.worker_model import WorkerModelConfig
 
@@ -40,37 +37,15 @@ KV_BYTES = 131_072
 TIMEOUT = httpx.Timeout(10.0)
 
 
-@contextlib.contextmanager
-def serve(config: SimWorkerConfig, lifespan: str = "on") -> Iterator[str]:
-    """A sim worker under uvicorn in a thread; ``lifespan`` off: as conftest's fixture runs
-    it (a SGLang prefill then starts its bootstrap listener at its first request)."""
-    app = create_app(config)
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not uv.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "sim worker did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
-        app.state.pd.close()
-
-
 def config(flavor: str, role: str, **pd: Any) -> SimWorkerConfig:
     model = WorkerModelConfig(kv_capacity_tokens=64 * 512)
     return SimWorkerConfig(model, time_scale=SCALE, flavor=flavor, pd=PdConfig(role, **pd))
 
 
 @pytest.fixture(scope="module")
-def vllm() -> Iterator[dict[str, str]]:
-    with serve(config("vllm", "prefill")) as p, serve(config("vllm", "decode")) as d:
+def vllm(sim_worker_in_thread) -> Iterator[dict[str, str]]:
+    serve = sim_worker_in_thread
+    with serve(config("vllm", "prefill"), "on") as p, serve(config("vllm", "decode"), "on") as d:
         yield {"prefill": p, "decode": d}
 
 
@@ -78,10 +53,11 @@ BOOTSTRAP = free_port()
 
 
 @pytest.fixture(scope="module")
-def sglang() -> Iterator[dict[str, str]]:
+def sglang(sim_worker_in_thread) -> Iterator[dict[str, str]]:
+    """The prefill with lifespan off: its bootstrap listener starts at its first request."""
     prefill = config("sglang", "prefill", bootstrap_port=BOOTSTRAP)
     decode = config("sglang", "decode", kv_wait_timeout_s=0.5)
-    with serve(prefill, lifespan="off") as p, serve(decode) as d:
+    with sim_worker_in_thread(prefill) as p, sim_worker_in_thread(decode, "on") as d:
         yield {"prefill": p, "decode": d}
 
 
@@ -343,13 +319,13 @@ def test_sglang_decode_of_an_unknown_room_fails(sglang: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang"])
 async def test_decode_first_token_waits_the_transfer(
-    flavor: str, vllm: dict[str, str], sglang: dict[str, str]
+    flavor: str, vllm: dict[str, str], sglang: dict[str, str], sim_worker_in_thread
 ) -> None:
     gbps = 0.02  # 1024 tokens x 128 KiB at 20 MB/s: 6.7 model s, 134 ms real at 50x
     text = unique_text(2 * BLOCK_BYTES)
     transfer_s = (0.002 + 1024 * KV_BYTES / (gbps * 1e9)) / SCALE
     slow = config(flavor, "decode", kv_transfer_gbps=gbps)
-    with serve(slow) as decode:
+    with sim_worker_in_thread(slow, "on") as decode:
         async with httpx.AsyncClient(timeout=TIMEOUT) as client:
             body: dict[str, Any] = {"prompt": text, "max_tokens": 3, "stream": True}
             if flavor == "vllm":
@@ -369,8 +345,8 @@ async def test_decode_first_token_waits_the_transfer(
     assert ttft is not None and transfer_s <= ttft < transfer_s + 2
 
 
-def test_both_role_ignores_pd_fields() -> None:
-    with serve(config("vllm", "both")) as url:
+def test_both_role_ignores_pd_fields(sim_worker_in_thread) -> None:
+    with sim_worker_in_thread(config("vllm", "both"), "on") as url:
         body = {"prompt": "hi", "max_tokens": 2, "kv_transfer_params": DECODE_SIDE, **bootstrap()}
         r = httpx.post(url + "/v1/completions", json=body, timeout=5)
         assert r.status_code == 200 and "kv_transfer_params" not in r.json()

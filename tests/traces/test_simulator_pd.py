@@ -155,7 +155,7 @@ def test_aggregated_runs_ignore_the_disaggregation_settings(conversation):
 def test_a_fleet_needs_both_sides():
     with pytest.raises(ValueError, match="both"):
         SimConfig(prefill_workers=2)
-    with pytest.raises(ValueError, match="gbps"):
+    with pytest.raises(ValueError, match="bandwidth"):
         SimConfig(prefill_workers=1, decode_workers=1, kv_transfer_gbps=0)
     assert SimConfig(workers=3, prefill_workers=1, decode_workers=2).fleet_size == 3
     assert SimConfig(workers=3).fleet_size == 3
