@@ -322,10 +322,7 @@ class Forwarder(RouterCore):
             and self.settings.stream_usage
             and not request.wants_usage
         ):
-            options = request.body.get("stream_options")
-            options = dict(options) if isinstance(options, dict) else {}
-            options["include_usage"] = True
-            ex.body = orjson.dumps({**request.body, "stream_options": options})
+            ex.body = orjson.dumps(asking_usage(request.body))
             ex.drop_usage_chunk = True
         return ex
 
@@ -532,8 +529,7 @@ class Forwarder(RouterCore):
             return await self._attempt(ex, prefill, pick, send, respond, final)
         fields = ex.request.body
         if ex.drop_usage_chunk:  # the usage the router asked the worker for, as in ex.body
-            fields = {**fields, "stream_options": {**(fields.get("stream_options") or {}),
-                                                   "include_usage": True}}  # fmt: skip
+            fields = asking_usage(fields)
         table = self.pool.stats.disaggregated
         try:
             if protocol == VLLM:
@@ -705,6 +701,15 @@ class Forwarder(RouterCore):
         if self.worker_header:
             headers.append((b"x-cache-router-worker", worker.url.encode()))
         return headers
+
+
+def asking_usage(body: dict) -> dict:
+    """``body`` asking for the usage chunk at the end of its stream (where the cached tokens
+    are reported), its other stream options kept."""
+    options = body.get("stream_options")
+    options = dict(options) if isinstance(options, dict) else {}
+    options["include_usage"] = True
+    return {**body, "stream_options": options}
 
 
 async def asgi_respond(
