@@ -47,7 +47,7 @@ from router.proxy.errors import (
 )
 from router.proxy.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
 from router.proxy.routing import Routed, RouterCore
-from router.proxy.usage import MAX_SCANNED_BODY, StreamScanner, scan_body
+from router.proxy.usage import UsageReader
 
 log = logging.getLogger("cache_router.epp")
 
@@ -101,9 +101,7 @@ class RequestStream:
         self.status = 0
         self.status_label = "cancelled"  # what the end of the stream counts, unless answered
         self.first = True
-        self.scanner: StreamScanner | None = None
-        self.kept: list[bytes] | None = None
-        self.kept_size = 0
+        self.reader: UsageReader | None = None
         self.learn = False
 
     # ---- the stream --------------------------------------------------------------------
@@ -194,8 +192,6 @@ class RequestStream:
             self.core.answered(routed, worker, self.status)
             self.status_label = str(self.status)
             self.learn = routed.learn_owner and self.status == 200
-            if self.status < 300:
-                self.kept = []
             if headers.end_of_stream:
                 self.finish_response()
         common = _CONTINUE
@@ -212,19 +208,12 @@ class RequestStream:
             if self.first:
                 self.first = False
                 booking.first_token()
-                if self.status < 300 and routed.request.stream:
-                    self.scanner = StreamScanner(False)
-                    self.kept = None
+                ok = 0 < self.status < 300
+                self.reader = UsageReader(ok and routed.request.stream, False, ok)
             if self.learn:
                 self.learn = self.core.learn_owner(data, worker)
-            if self.scanner is not None:
-                self.scanner.feed(data)
-            elif self.kept is not None:
-                self.kept_size += len(data)
-                if self.kept_size <= MAX_SCANNED_BODY:
-                    self.kept.append(data)
-                else:
-                    self.kept = None
+            if self.reader is not None:
+                self.reader.feed(data, body.end_of_stream)  # read, not changed: passes as is
             if body.end_of_stream:
                 self.finish_response()
         if self.duplex_response:
@@ -294,12 +283,7 @@ class RequestStream:
         routed, worker, booking = self.routed, self.worker, self.booking
         if routed is None or worker is None or booking is None or booking.finished:
             return
-        usage = None
-        if self.scanner is not None:
-            self.scanner.flush()
-            usage = self.scanner.usage
-        elif self.kept:
-            usage = scan_body(b"".join(self.kept))
+        usage = self.reader.usage() if self.reader is not None else None
         if usage is not None:
             self.core.report(routed, worker, booking, usage)
         self.core.release(routed, worker, booking, self.status_label)

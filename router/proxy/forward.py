@@ -94,7 +94,7 @@ from router.proxy.parse import CHAT, COMPLETION, STREAMED_BODIES
 from router.proxy.routing import PROMPT_KINDS, Routed, RouterCore
 from router.proxy.server import RouterCycle, client_channel
 from router.proxy.tokenize import Tokenizer
-from router.proxy.usage import MAX_SCANNED_BODY, StreamScanner, scan_body, stream_usage
+from router.proxy.usage import MAX_SCANNED_BODY, UsageReader, scan_body, stream_usage
 
 log = logging.getLogger("cache_router.forward")
 
@@ -377,8 +377,8 @@ class Forwarder(RouterCore):
         if body is None:
             body, headers = ex.body, ex.headers
         conn: Connection | None = None
-        scanner: StreamScanner | None = None
         status_label = "upstream_lost"
+        sse = False
         try:
             try:
                 if ex.body_rest is None:
@@ -418,21 +418,15 @@ class Forwarder(RouterCore):
             if learn:
                 learn = self.learn_owner(data, worker)
             sse = ex.request.stream and _is_event_stream(conn.headers)
-            scanner = StreamScanner(ex.drop_usage_chunk) if sse else None
-            kept: list[bytes] | None = [] if scanner is None and status < 300 else None
-            headers = self._response_headers(conn.headers, worker, transformed=scanner is not None)
-            if scanner is not None:
-                data = scanner.feed(data)
-                if not more:
-                    data += scanner.flush()
-            elif kept is not None:
-                kept.append(data)
+            reader = UsageReader(sse, ex.drop_usage_chunk, status < 300)
+            headers = self._response_headers(conn.headers, worker, transformed=sse)
+            data = reader.feed(data, not more)
             status_label = str(status)
             ex.started = True
             if not more:
                 ex.responded = True
             await respond(status, headers, data, more)
-            size = seen = len(data)
+            seen = len(data)
             while more:
                 data, more = await conn.read(self.read_timeout)
                 if ex.client_gone:
@@ -440,25 +434,14 @@ class Forwarder(RouterCore):
                 if learn:  # the id comes first: looked for in the first 64 KiB only
                     seen += len(data)
                     learn = seen < RESPONSE_ID_WITHIN and self.learn_owner(data, worker)
-                if scanner is not None:
-                    data = scanner.feed(data)
-                    if not more:
-                        data += scanner.flush()
-                elif kept is not None:
-                    size += len(data)
-                    if size <= MAX_SCANNED_BODY:
-                        kept.append(data)
-                    else:
-                        kept = None
+                data = reader.feed(data, not more)
                 if not more:
                     ex.responded = True
                 if data or not more:
                     await send({"type": "http.response.body", "body": data, "more_body": more})
             conn.release()
             conn = None
-            usage = scanner.usage if scanner is not None else None
-            if kept:
-                usage = scan_body(kept[0] if len(kept) == 1 else b"".join(kept))
+            usage = reader.usage()
             if usage is not None and worker.role != DECODE:
                 self.report(ex, worker, booking, usage)
             return None
@@ -469,7 +452,7 @@ class Forwarder(RouterCore):
             self.pool.record_failure(worker, f"stream cut: {exc}", request=True)
             log.warning("stream from %s cut: %s", worker.url, exc)
             status_label = "upstream_lost"
-            if scanner is not None and not ex.client_gone:
+            if sse and not ex.client_gone:
                 # an event stream ends with an error event, as vLLM ends a failed stream
                 # (a plain body cannot say it: its connection is closed, short)
                 message = f"worker {worker.url}: stream cut: {exc}"

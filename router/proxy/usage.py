@@ -136,6 +136,44 @@ class StreamScanner:
         return b"".join(kept)
 
 
+class UsageReader:
+    """The worker's counts, read from a response body as it passes through: an event stream
+    event by event (:class:`StreamScanner`: whole events out, the injected usage chunk
+    dropped when asked), any other successful body kept whole up to ``MAX_SCANNED_BODY`` and
+    scanned at its end. One reader for ``serve``'s forwarder and the endpoint picker."""
+
+    __slots__ = ("kept", "scanner", "size")
+
+    def __init__(self, sse: bool, drop_usage_chunk: bool, ok: bool) -> None:
+        self.scanner = StreamScanner(drop_usage_chunk) if sse else None
+        self.kept: list[bytes] | None = [] if ok and not sse else None
+        self.size = 0
+
+    def feed(self, data: bytes, last: bool) -> bytes:
+        """``data`` as the client gets it (whole events of a stream); ``last``: the body ends."""
+        scanner = self.scanner
+        if scanner is not None:
+            data = scanner.feed(data)
+            return data + scanner.flush() if last else data
+        kept = self.kept
+        if kept is not None:
+            self.size += len(data)
+            if self.size <= MAX_SCANNED_BODY:
+                kept.append(data)
+            else:
+                self.kept = None
+        return data
+
+    def usage(self) -> Usage | None:
+        """What the body reported (call after its last piece); None when nothing."""
+        if self.scanner is not None:
+            return self.scanner.usage
+        kept = self.kept
+        if not kept:
+            return None
+        return scan_body(kept[0] if len(kept) == 1 else b"".join(kept))
+
+
 def stream_usage(data: bytes) -> Usage | None:
     """The usage of a whole event stream held in ``data`` (an answer read to its end)."""
     scanner = StreamScanner(False)

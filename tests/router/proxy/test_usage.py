@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from router.proxy.usage import StreamScanner, Usage, response_id_in, scan_body
+from router.proxy.usage import (
+    MAX_SCANNED_BODY,
+    StreamScanner,
+    Usage,
+    UsageReader,
+    response_id_in,
+    scan_body,
+)
 
 
 def event(obj) -> bytes:
@@ -94,3 +101,28 @@ def test_responses_usage_and_id():
     event = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_9"'
     assert response_id_in(event) == "resp_9"
     assert response_id_in(b'{"id":"msg_1"}') is None
+
+
+def test_usage_reader_stream_body_and_limits():
+    events = [
+        b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":9,',
+        b'"prompt_tokens_details":{"cached_tokens":4}}}\n\ndata: [DONE]\n\n',
+    ]
+    reader = UsageReader(sse=True, drop_usage_chunk=True, ok=True)
+    out = reader.feed(events[0], False) + reader.feed(events[1], True)
+    assert out == b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n'  # whole events, no usage
+    assert reader.usage() == Usage(4, 9)
+
+    body = b'{"usage":{"prompt_tokens":20,"prompt_tokens_details":{"cached_tokens":16}}}'
+    reader = UsageReader(sse=False, drop_usage_chunk=False, ok=True)
+    assert reader.feed(body[:10], False) + reader.feed(body[10:], True) == body
+    assert reader.usage() == Usage(16, 20)
+
+    error = UsageReader(sse=False, drop_usage_chunk=False, ok=False)  # a 4xx/5xx: not scanned
+    error.feed(body, True)
+    assert error.usage() is None
+
+    huge = UsageReader(sse=False, drop_usage_chunk=False, ok=True)  # too long to keep
+    huge.feed(b" " * MAX_SCANNED_BODY, False)
+    huge.feed(body, True)
+    assert huge.usage() is None
