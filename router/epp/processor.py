@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -36,6 +35,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from router.cache.worker_state import Booking
+from router.epp.endpoints import Endpoints
 from router.fleet.pool import Worker
 from router.proxy.errors import (
     RETRY_AFTER,
@@ -62,14 +62,6 @@ FULL_DUPLEX = _BodyMode.Value("FULL_DUPLEX_STREAMED")
 _CONTINUE = pb.CommonResponse()
 
 
-def endpoint_of(worker: Worker) -> str:
-    """``ip:port`` of a worker (the form Envoy's original-destination cluster takes)."""
-    parts = urlsplit(worker.url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = parts.hostname or ""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def routed_kind(method: str, path: str) -> str | None:
     """The core's endpoint for ``method path``; None for a path the router does not route."""
     if method == "POST":
@@ -82,9 +74,10 @@ def routed_kind(method: str, path: str) -> str | None:
 class RequestStream:
     """The state of one ext_proc stream: one HTTP request and its response."""
 
-    def __init__(self, core: RouterCore, session_header: str) -> None:
+    def __init__(self, core: RouterCore, session_header: str, endpoints: Endpoints) -> None:
         self.core = core
         self.session_header = session_header
+        self.endpoints = endpoints
         self.worker_header = core.settings.worker_header
         self.kind: str | None = None
         self.method = "GET"
@@ -235,18 +228,29 @@ class RequestStream:
             self.kind, raw, self.session, self.method, self.path, self.content_type
         )
         exclude = None
+        of = self.endpoints.of
         if self.subset is not None:
             allowed = set(self.subset)
-            exclude = [w for w in core.pool.workers if endpoint_of(w) not in allowed]
+            exclude = [w for w in core.pool.workers if of(w) not in allowed]
             if len(exclude) == len(core.pool.workers):
                 raise ServiceUnavailable(
                     "none of the gateway's subset of endpoints is in this picker's fleet",
                     code="no_endpoint_in_subset",
                 )
         worker, pick = core.choose(routed, None, exclude)
+        endpoint = of(worker)
+        while endpoint is None:  # its host name not resolved yet (being resolved): another
+            if routed.owner is not None:  # only the owner holds the stored response
+                raise ServiceUnavailable(
+                    f"worker {worker.url}: its host name has not resolved yet",
+                    code="endpoint_unresolved",
+                )
+            exclude = [*(exclude or ()), worker]
+            worker, pick = core.choose(routed, None, exclude)
+            endpoint = of(worker)
         self.worker = worker
         self.booking = core.book(routed, worker, pick)
-        endpoints = [endpoint_of(worker), *self.fallbacks(routed, worker, exclude)]
+        endpoints = [endpoint, *self.fallbacks(routed, worker, exclude)]
         header = base_pb2.HeaderValueOption(
             header=base_pb2.HeaderValue(key=DESTINATION, raw_value=endpoints[0].encode())
         )
@@ -274,7 +278,8 @@ class RequestStream:
             if w is not chosen and view.healthy and (not exclude or w not in exclude)
         ]
         others.sort(key=lambda w: w.state.num_requests)
-        return [endpoint_of(w) for w in others[:FALLBACKS]]
+        found = (self.endpoints.of(w) for w in others)
+        return [e for e in found if e is not None][:FALLBACKS]
 
     # ---- the end -----------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ NOT_SERVING, new streams are refused, streams in flight get ``shutdown_timeout_s
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
 import sys
@@ -136,7 +137,9 @@ async def serve(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | N
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+    from router.epp.endpoints import Endpoints
     from router.epp.service import ExternalProcessor
+    from router.fleet import periodic
     from router.proxy.app import create_app
     from router.proxy.serve import process_sockets
     from router.proxy.server import Server, build_config
@@ -146,7 +149,8 @@ async def serve(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | N
     sockets = process_sockets(settings, config)  # one of several processes: shared ports
     http = Server(config, app)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if settings.reuse_port else 0)])
-    processor = ExternalProcessor(app.forwarder, settings.session_header.lower())
+    endpoints = Endpoints(settings.discover_interval_s)
+    processor = ExternalProcessor(app.forwarder, settings.session_header.lower(), endpoints)
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
@@ -155,6 +159,8 @@ async def serve(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | N
         server.add_insecure_port(address)
     else:
         server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
+    await endpoints.refresh(app.pool.workers)  # the configured workers' names, before serving
+    resolving = asyncio.get_running_loop().create_task(endpoints.run(app.pool))
     await server.start()
     serving = health_pb2.HealthCheckResponse.SERVING
     for name in ("", SERVICE):
@@ -168,3 +174,4 @@ async def serve(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | N
     finally:
         await checks.enter_graceful_shutdown()
         await server.stop(grace=settings.shutdown_timeout_s)
+        await periodic.cancel(resolving)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 
+from router.epp.endpoints import Endpoints
 from router.epp.processor import RequestStream
 from router.proxy.routing import RouterCore
 
@@ -17,15 +18,16 @@ log = logging.getLogger("cache_router.epp")
 class ExternalProcessor(external_processor_pb2_grpc.ExternalProcessorServicer):
     """Envoy's external processing service, answered by the router core."""
 
-    def __init__(self, core: RouterCore, session_header: str) -> None:
+    def __init__(self, core: RouterCore, session_header: str, endpoints: Endpoints) -> None:
         self.core = core
         self.session_header = session_header
+        self.endpoints = endpoints
         self.streams = 0  # open streams (requests in the gateway)
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self.core, self.session_header)
+        stream = RequestStream(self.core, self.session_header, self.endpoints)
         self.streams += 1
         try:
             async for answer in stream.run(request_iterator):

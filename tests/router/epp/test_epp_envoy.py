@@ -36,9 +36,12 @@ def workers() -> Iterator[list[Service]]:
         yield started
 
 
-def start_epp(workers: list[Service], tls: bool, *extra: str) -> tuple[Service, int]:
+def start_epp(
+    workers: list[Service], tls: bool, *extra: str, urls: list[str] | None = None
+) -> tuple[Service, int]:
     grpc_port, http_port = free_port(), free_port()
-    args = ["epp", "--worker", *(w.url for w in workers), "--port", str(grpc_port),
+    urls = urls or [w.url for w in workers]
+    args = ["epp", "--worker", *urls, "--port", str(grpc_port),
             "--http-port", str(http_port), "--log-level", "warning", *extra]  # fmt: skip
     if not tls:
         args.append("--plaintext")
@@ -137,6 +140,28 @@ def test_errors_and_clients_that_leave(tmp_path, workers) -> None:
                         break  # the first piece, then gone
         assert wait_until(lambda: in_flight(epp.url) == 0, 15)
         assert httpx.get(epp.url + "/health", timeout=5).status_code == 200
+    finally:
+        envoy.stop()
+        epp.stop()
+
+
+def test_workers_named_by_host_name_get_the_gateway_an_address(tmp_path, workers) -> None:
+    """Envoy's original-destination cluster takes ``ip:port`` only (a host name there is a
+    503 "no healthy upstream"): the EPP names workers configured by host name by address."""
+    urls = [w.url.replace("127.0.0.1", "localhost") for w in workers]
+    epp, grpc_port = start_epp(workers, tls=False, urls=urls)
+    envoy = Envoy(tmp_path, grpc_port).start()
+    try:
+        addresses = {w.url.removeprefix("http://") for w in workers}
+        seen = set()
+        with httpx.Client(base_url=envoy.url, timeout=30) as client:
+            for i in range(9):
+                body = {"model": "sim-model", "max_tokens": 2, "prompt": f"named {i} " * 30}
+                r = client.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                seen.add(r.headers["x-upstream-host"])
+        assert seen <= addresses and len(seen) >= 2, seen
+        assert {w["url"] for w in httpx.get(epp.url + "/workers", timeout=5).json()} == set(urls)
     finally:
         envoy.stop()
         epp.stop()

@@ -15,7 +15,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from google.protobuf import struct_pb2
 
 from router.config import load_settings
-from router.epp.processor import DESTINATION, LB_NAMESPACE, endpoint_of
+from router.epp.endpoints import Endpoints
+from router.epp.processor import DESTINATION, LB_NAMESPACE
 from router.epp.service import ExternalProcessor
 from router.proxy.app import create_app
 from traces.fleet import Service, sim_workers
@@ -43,7 +44,7 @@ async def exchange(app, messages: list[pb.ProcessingRequest]) -> list[pb.Process
     """One ext_proc stream through a real gRPC server: every answer."""
     server = grpc.aio.server()
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-        ExternalProcessor(app.forwarder, "x-session-id"), server
+        ExternalProcessor(app.forwarder, "x-session-id", Endpoints(5.0)), server
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -80,7 +81,7 @@ async def test_a_buffered_body_gets_the_endpoint_header_and_metadata(app) -> Non
     (option,) = common.header_mutation.set_headers
     chosen = option.header.raw_value.decode()
     assert option.header.key == DESTINATION
-    assert chosen in {endpoint_of(w) for w in app.pool.workers}
+    assert chosen in {w.url.removeprefix("http://") for w in app.pool.workers}
     listed = answers[1].dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
     endpoints = listed.string_value.split(",")
     assert endpoints[0] == chosen and len(endpoints) == 2  # the pick, then a fallback
