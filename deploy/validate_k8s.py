@@ -12,6 +12,10 @@ apply -k`` would send), resource by resource:
   the models that ``cloudcoil-models-prometheus-operator`` generates from the operator's CRD
   schemas (types, enums, patterns), plus a check that every field given is a field of the
   model (the models themselves ignore unknown fields);
+- the Gateway API Inference Extension's ``inference.networking.k8s.io/v1`` InferencePool and
+  the Gateway API's ``gateway.networking.k8s.io/v1`` Gateway and HTTPRoute with the pydantic
+  models of ``gateway_models.py`` (beside this file), written from those CRDs' schemas (which
+  releases: its docstring); they refuse unknown fields themselves;
 - any other kind is an error: add a validator before adding the kind.
 
 Exit status 1 if anything failed, after reporting everything.
@@ -20,6 +24,7 @@ Exit status 1 if anything failed, after reporting everything.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -35,12 +40,26 @@ from kubernetes_validate.utils import SchemaNotFoundError
 VERSIONS = ("1.30.0", "1.37.0")  # the oldest Kubernetes we claim, and the newest schemas
 
 
+def gateway_models() -> Any:
+    """deploy/gateway_models.py, imported once (as ``gateway_models``) from beside this file."""
+    module = sys.modules.get("gateway_models")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(
+            "gateway_models", Path(__file__).with_name("gateway_models.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gateway_models"] = module  # before running it: pydantic resolves names there
+        spec.loader.exec_module(module)
+    return module
+
+
 def _crd_models() -> dict[tuple[str, str], Any]:
     from cloudcoil.models.prometheus_operator import v1
 
     return {
         ("monitoring.coreos.com/v1", "ServiceMonitor"): v1.ServiceMonitor,
         ("monitoring.coreos.com/v1", "PodMonitor"): v1.PodMonitor,
+        **gateway_models().MODELS,
     }
 
 
