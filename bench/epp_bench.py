@@ -10,7 +10,10 @@ Setups (each started fresh, measured one after another, cell by cell):
 - ``envoy+epp``: the GIE-style gateway (router/epp/envoy_config.py: ext_proc with request
   headers and a BUFFERED body, response headers and a STREAMED body) asking one EPP process
   (plaintext); ``envoy+epp-none``: the same with response bodies not sent to the EPP (fewer
-  gRPC messages: no usage read, the booking released at the stream's end); ``envoy+epp-2p``:
+  gRPC messages: no usage read, the booking released at the stream's end);
+  ``envoy+epp-lean``: the fewest messages a routing EPP can get (request headers and body;
+  no response headers or body); ``envoy+epp-duplex``: the request body FULL_DUPLEX_STREAMED
+  (Envoy sends it without waiting for the headers' answer: one wait fewer); ``envoy+epp-2p``:
   ``epp --processes 2`` (Envoy's connections to it at most 4 streams each, so they spread);
 - ``serve``: one router process.
 
@@ -225,10 +228,14 @@ def _start_setup(
                  str(http_port), "--plaintext", *processes, *quiet],
                 folder / f"{setup}.log")  # fmt: skip
     wait_http(f"http://127.0.0.1:{http_port}/health")
-    body = "NONE" if setup.endswith("-none") else "STREAMED"
+    modes = {
+        "envoy+epp-none": {"response_body": "NONE"},
+        "envoy+epp-lean": {"response_body": "NONE", "response_headers": "SKIP"},
+        "envoy+epp-duplex": {"request_body": "FULL_DUPLEX_STREAMED"},
+    }.get(setup, {})
     port, admin = free_port(), free_port()
     streams = 4 if processes else 16  # several connections to spread over the processes
-    config = gateway_config(port, admin, grpc_port, response_body=body, max_streams=streams)
+    config = gateway_config(port, admin, grpc_port, max_streams=streams, **modes)
     return start_envoy(procs, folder, config, setup)[1]
 
 

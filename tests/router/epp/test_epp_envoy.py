@@ -145,12 +145,13 @@ def test_errors_and_clients_that_leave(tmp_path, workers) -> None:
         epp.stop()
 
 
-def test_workers_named_by_host_name_get_the_gateway_an_address(tmp_path, workers) -> None:
+def test_workers_and_the_epp_named_by_host_name(tmp_path, workers) -> None:
     """Envoy's original-destination cluster takes ``ip:port`` only (a host name there is a
-    503 "no healthy upstream"): the EPP names workers configured by host name by address."""
+    503 "no healthy upstream"): the EPP names workers configured by host name by address.
+    And the gateway reaches an EPP given by name (compose's ``epp``) through DNS."""
     urls = [w.url.replace("127.0.0.1", "localhost") for w in workers]
     epp, grpc_port = start_epp(workers, tls=False, urls=urls)
-    envoy = Envoy(tmp_path, grpc_port).start()
+    envoy = Envoy(tmp_path, grpc_port, epp_host="localhost").start()
     try:
         addresses = {w.url.removeprefix("http://") for w in workers}
         seen = set()
