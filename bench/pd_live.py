@@ -5,8 +5,9 @@
 
 For each KV capacity, each flavor (``vllm``, ``sglang``: the PD protocol, the workers'
 /metrics names) and each prefill picker (``ttft``, the default; ``round_robin``; ``unified``
-as a reference), a FRESH fleet of 2 prefill + 2 decode sim workers (``cache-router
-sim-worker --role prefill|decode --flavor F``, an SGLang prefill with its own
+as a reference), a FRESH fleet of 2 prefill + 2 decode sim workers (``--fleet P D`` for
+another shape; ``cache-router sim-worker --role prefill|decode --flavor F``, an SGLang
+prefill with its own
 ``--disaggregation-bootstrap-port``; KV transfers at the sim worker's defaults) and a
 ``cache-router serve --prefill ... --decode ... --pd-protocol F --policy P`` (decode picker:
 the default ``decode_load``) replays the first ``--requests`` requests of the bundled
@@ -127,10 +128,13 @@ def _start_worker(flavor: str, role: str, i: int, args: Sequence[str], logs: Pat
 
 
 @contextlib.contextmanager
-def pd_fleet(flavor: str, args: Sequence[str], logs: Path, n: int = 2) -> Iterator[Fleet]:
-    """``n`` prefill + ``n`` decode sim workers of ``flavor``, started at once, stopped on
-    exit (each by its PID)."""
-    roles = [("prefill", i) for i in range(n)] + [("decode", i) for i in range(n)]
+def pd_fleet(
+    flavor: str, args: Sequence[str], logs: Path, n: int = 2, decode: int | None = None
+) -> Iterator[Fleet]:
+    """``n`` prefill + ``decode`` (default ``n``) decode sim workers of ``flavor``, started at
+    once, stopped on exit (each by its PID)."""
+    decode = n if decode is None else decode
+    roles = [("prefill", i) for i in range(n)] + [("decode", i) for i in range(decode)]
     with ThreadPoolExecutor(len(roles)) as pool:
         futures = [pool.submit(_start_worker, flavor, r, i, args, logs) for r, i in roles]
     started, failure = [], None
@@ -245,7 +249,7 @@ def run_one(trace, args: argparse.Namespace, kv: int, flavor: str, policy: str) 
                    "--kv-capacity-tokens", str(kv)]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pd_live_") as tmp:
         logs = Path(tmp)
-        with pd_fleet(flavor, worker_args, logs) as fleet:
+        with pd_fleet(flavor, worker_args, logs, *args.fleet) as fleet:
             router_log = logs / "router.log"
             with pd_router(fleet, flavor, policy, router_log) as router:
                 before = prefix_counters(fleet.prefill_urls)
@@ -376,6 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-capacity-tokens", type=int, nargs="+", default=[262_144])
     p.add_argument("--flavors", nargs="+", choices=FLAVORS, default=list(FLAVORS))
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
+    p.add_argument("--fleet", type=int, nargs=2, default=[2, 2], metavar=("PREFILL", "DECODE"),
+                   help="prefill and decode workers (the bar's: 2 2)")  # fmt: skip
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "pd_live.json")
     p.add_argument("--md", type=Path, default=ROOT / "bench" / "pd_live.md")
     args = p.parse_args(argv)
@@ -411,7 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(runs + "\n\n" + bar)
     load = args.speedup / args.time_scale
     md = (
-        "# Issue 29's bar, live: 2 prefill + 2 decode sim workers behind the router\n\n"
+        f"# Issue 29's bar, live: {args.fleet[0]} prefill + {args.fleet[1]} decode sim workers "
+        "behind the router\n\n"
         f"`{command.strip()}`; see its docstring for the setup. First {len(trace)} requests "
         f"of {args.trace.name}, arrivals x{args.speedup:g}, workers' time scale "
         f"{args.time_scale:g} (model-time load {load:g}x the trace's), outputs capped at "

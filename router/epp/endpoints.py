@@ -88,7 +88,7 @@ class Endpoints:
         urls = {w.url for w in workers}
         for url in [u for u in self._by_url if u not in urls]:
             del self._by_url[url]
-        names = [u for u in urls if address(*host_port(u)) is None]
+        names = [u for u in urls if address(*host_port(u)) is None and u not in self._resolving]
         await asyncio.gather(*(self._resolve(u) for u in names))
 
     async def run(self, pool: WorkerPool) -> None:
