@@ -244,6 +244,7 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
         workers=args.workers,
         worker=WorkerModelConfig(kv_capacity_tokens=args.kv_capacity_tokens),
         pacing=args.pacing,
+        burst_order=args.burst_order,
     )
 
 
@@ -874,6 +875,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--salt", type=int, default=0, help="first salt")
     p.add_argument("--prompt-mode", choices=("text", "tokens"), default="text")
     p.add_argument("--offline-only", action="store_true")
+    p.add_argument(
+        "--burst-order",
+        choices=("trace", "shortest"),
+        default="trace",
+        help="the offline leg's order of simultaneous requests (simulate's option)",
+    )
     p.add_argument("--out", default="bench/live_vs_offline", help="writes OUT.json and OUT.md")
     p.add_argument("--logs", default=None, help="folder for the pick logs (default: a tmp dir)")
     args = p.parse_args(argv)

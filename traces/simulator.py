@@ -47,6 +47,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -65,6 +66,8 @@ from traces.pacing import Pacing, predecessors, release_time
 from traces.record import BLOCK_TOKENS, TraceRequest
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 
+BurstOrder = Literal["trace", "shortest"]
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -76,6 +79,10 @@ class SimConfig:
     shadow_capacity_tokens: int | None = None  # default: the workers' KV capacity
     speedup: float = 1.0  # divide arrival times by this
     pacing: Pacing = "open"  # or "session": a turn waits for its previous turn's answer
+    # requests sent at the same instant reach the picker in the trace's order ("trace"), or
+    # shortest prompt first ("shortest"), as they reach `cache-router serve`, which reads
+    # each body on its event loop and picks when it is whole (docs/live-vs-offline.md)
+    burst_order: BurstOrder = "trace"
     samples: int = 400  # points of the per-worker in-flight time series
     kv_events: bool = False  # precise mode: the models' KV events feed the router's index
     kv_event_delay_s: float = 0.05
@@ -95,6 +102,8 @@ class SimConfig:
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN
 
     def __post_init__(self) -> None:
+        if self.burst_order not in ("trace", "shortest"):
+            raise ValueError(f"burst_order {self.burst_order!r}: expected trace or shortest")
         if (self.prefill_workers > 0) != (self.decode_workers > 0):
             raise ValueError("a disaggregated fleet needs both prefill_workers and decode_workers")
         if self.prefill_workers < 0 or self.decode_workers < 0:
@@ -289,7 +298,8 @@ def simulate(
     def release_next(i: int, now: float) -> None:
         after = successor[i]
         if after >= 0:  # session pacing: the session's next turn can now be sent
-            heapq.heappush(arrivals, (release_time(trace[after], config.speedup, now), after))
+            due = release_time(trace[after], config.speedup, now)
+            heapq.heappush(arrivals, (due, order_key(after), after))
 
     def on_prefilled(req: SimRequest, now: float) -> None:
         # the prefill worker's part ends at its first token (its one output token): the
@@ -345,7 +355,14 @@ def simulate(
     for j, p in enumerate(previous):
         if p >= 0:
             successor[p] = j
-    arrivals = [(trace[j].arrival / config.speedup, j) for j in range(n) if previous[j] < 0]
+    shortest = config.burst_order == "shortest"
+
+    def order_key(j: int) -> int:  # among requests due at one instant
+        return trace[j].input_length if shortest else j
+
+    arrivals = [
+        (trace[j].arrival / config.speedup, order_key(j), j) for j in range(n) if previous[j] < 0
+    ]
     heapq.heapify(arrivals)
     # disaggregated: KV transfers under way, (done, index); empty otherwise
     transfers: list[tuple[float, int]] = disagg.transfers if disagg is not None else []
@@ -395,7 +412,7 @@ def simulate(
         while next_sample < len(sample_times) and sample_times[next_sample] <= arrival:
             inflight[next_sample] = [s.num_requests for s in all_states]
             next_sample += 1
-        _, i = heapq.heappop(arrivals)
+        _, _, i = heapq.heappop(arrivals)
         req = trace[i]
         features = RequestFeatures(
             blocks=req.blocks,

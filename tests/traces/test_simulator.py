@@ -170,3 +170,24 @@ def test_lora_adapters_swaps_and_their_own_caches(conversation):
     named = [replace(r, model="base") for r in conversation[:200]]
     plain = simulate(named, make_picker("ttft"), replace(config, base_model="base")).summary()
     assert plain["lora_swaps"] == 0
+
+
+def test_simultaneous_requests_reach_the_picker_in_the_burst_order():
+    """``burst_order``: requests sent at one instant are picked in the trace's order, or
+    shortest prompt first (as ``serve`` reads them); round-robin shows the order."""
+    from traces.record import TraceRequest
+
+    lengths = [4096, 1024, 2048, 512]
+    trace = [
+        TraceRequest(arrival=0.0, session_id=f"s{i}", turn=0, input_length=n, output_length=4,
+                     blocks=tuple(range(100 * i, 100 * i + n // 512)), request_id=i)  # fmt: skip
+        for i, n in enumerate(lengths)
+    ]
+    config = SimConfig(workers=4, worker=HUGE)
+    in_trace = simulate(trace, make_picker("round_robin"), config, "rr").worker
+    shortest = replace(config, burst_order="shortest")
+    by_size = simulate(trace, make_picker("round_robin"), shortest, "rr").worker
+    assert list(in_trace) == [0, 1, 2, 3]
+    assert list(by_size) == [3, 1, 2, 0]  # picked 512, 1024, 2048, 4096
+    with pytest.raises(ValueError):
+        SimConfig(burst_order="largest")
