@@ -53,7 +53,7 @@ from traces.formats import load_trace  # noqa: E402
 from traces.record import TraceRequest  # noqa: E402
 from traces.replay import ReplayConfig, replay  # noqa: E402
 from traces.simulate import cap_output, make_sim_picker  # noqa: E402
-from traces.simulator import PolicyRun, SimConfig, simulate  # noqa: E402
+from traces.simulator import BURST_ORDERS, PolicyRun, SimConfig, simulate  # noqa: E402
 from traces.sweep import scaled  # noqa: E402
 from traces.worker_model import WorkerModelConfig  # noqa: E402
 
@@ -877,7 +877,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--offline-only", action="store_true")
     p.add_argument(
         "--burst-order",
-        choices=("trace", "shortest"),
+        choices=BURST_ORDERS,
         default="trace",
         help="the offline leg's order of simultaneous requests (simulate's option)",
     )

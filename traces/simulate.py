@@ -28,7 +28,7 @@ from traces.oracle import ORACLE, OraclePicker
 from traces.pacing import PACINGS
 from traces.record import TraceRequest
 from traces.report import markdown_table, results_document, write_plots, write_results
-from traces.simulator import PolicyRun, SimConfig, simulate
+from traces.simulator import BURST_ORDERS, PolicyRun, SimConfig, simulate
 from traces.stats import hit_ceiling
 from traces.worker_model import add_model_options, model_config_from_args
 
@@ -121,7 +121,7 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     add_pacing_option(p)
     p.add_argument(
         "--burst-order",
-        choices=("trace", "shortest"),
+        choices=BURST_ORDERS,
         default="trace",
         help="requests sent at one instant reach the picker in the trace's order, or shortest "
         "prompt first (as `serve` reads them: docs/live-vs-offline.md)",

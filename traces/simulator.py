@@ -67,6 +67,7 @@ from traces.record import BLOCK_TOKENS, TraceRequest
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 
 BurstOrder = Literal["trace", "shortest"]
+BURST_ORDERS: tuple[BurstOrder, ...] = ("trace", "shortest")
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class SimConfig:
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN
 
     def __post_init__(self) -> None:
-        if self.burst_order not in ("trace", "shortest"):
+        if self.burst_order not in BURST_ORDERS:
             raise ValueError(f"burst_order {self.burst_order!r}: expected trace or shortest")
         if (self.prefill_workers > 0) != (self.decode_workers > 0):
             raise ValueError("a disaggregated fleet needs both prefill_workers and decode_workers")
