@@ -178,11 +178,10 @@ def test_simultaneous_requests_reach_the_picker_in_the_burst_order():
     from traces.record import TraceRequest
 
     lengths = [4096, 1024, 2048, 512]
-    trace = [
-        TraceRequest(arrival=0.0, session_id=f"s{i}", turn=0, input_length=n, output_length=4,
-                     blocks=tuple(range(100 * i, 100 * i + n // 512)), request_id=i)  # fmt: skip
-        for i, n in enumerate(lengths)
-    ]
+    trace = []
+    for i, n in enumerate(lengths):
+        blocks = tuple(range(100 * i, 100 * i + n // 512))
+        trace.append(TraceRequest(0.0, f"s{i}", 0, n, 4, blocks, request_id=i))
     config = SimConfig(workers=4, worker=HUGE)
     in_trace = simulate(trace, make_picker("round_robin"), config, "rr").worker
     shortest = replace(config, burst_order="shortest")
