@@ -53,7 +53,7 @@ from traces.formats import load_trace  # noqa: E402
 from traces.record import TraceRequest  # noqa: E402
 from traces.replay import ReplayConfig, replay  # noqa: E402
 from traces.simulate import cap_output, make_sim_picker  # noqa: E402
-from traces.simulator import BURST_ORDERS, PolicyRun, SimConfig, simulate  # noqa: E402
+from traces.simulator import PolicyRun, SimConfig, simulate  # noqa: E402
 from traces.sweep import scaled  # noqa: E402
 from traces.worker_model import WorkerModelConfig  # noqa: E402
 
@@ -244,7 +244,9 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
         workers=args.workers,
         worker=WorkerModelConfig(kv_capacity_tokens=args.kv_capacity_tokens),
         pacing=args.pacing,
-        burst_order=args.burst_order,
+        # the router's reading of bodies: real MB/s, modelled time runs `speedup` times slower
+        ingest_bytes_per_s=args.ingest_mb_per_s * 1e6 / args.speedup,
+        ingest_window_bytes=args.ingest_window_kb * 1e3,
     )
 
 
@@ -875,11 +877,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--salt", type=int, default=0, help="first salt")
     p.add_argument("--prompt-mode", choices=("text", "tokens"), default="text")
     p.add_argument("--offline-only", action="store_true")
+    p.add_argument("--ingest-mb-per-s", type=float, default=0.0,
+                   help="offline: the router reads bodies at this many real MB/s, shared "
+                   "(0: picked when sent; `serve` on the 2-core VM: about 100)")  # fmt: skip
     p.add_argument(
-        "--burst-order",
-        choices=BURST_ORDERS,
-        default="trace",
-        help="the offline leg's order of simultaneous requests (simulate's option)",
+        "--ingest-window-kb",
+        type=float,
+        default=0.0,
+        help="offline: a body this small is in at once when sent (socket buffers)",
     )
     p.add_argument("--out", default="bench/live_vs_offline", help="writes OUT.json and OUT.md")
     p.add_argument("--logs", default=None, help="folder for the pick logs (default: a tmp dir)")

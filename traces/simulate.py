@@ -28,7 +28,7 @@ from traces.oracle import ORACLE, OraclePicker
 from traces.pacing import PACINGS
 from traces.record import TraceRequest
 from traces.report import markdown_table, results_document, write_plots, write_results
-from traces.simulator import BURST_ORDERS, PolicyRun, SimConfig, simulate
+from traces.simulator import PolicyRun, SimConfig, simulate
 from traces.stats import hit_ceiling
 from traces.worker_model import add_model_options, model_config_from_args
 
@@ -119,13 +119,6 @@ def add_simulation_options(p: argparse.ArgumentParser) -> None:
     add_model_options(p, "each worker's KV cache in tokens (the shadows get the same)")
     p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
     add_pacing_option(p)
-    p.add_argument(
-        "--burst-order",
-        choices=BURST_ORDERS,
-        default="trace",
-        help="requests sent at one instant reach the picker in the trace's order, or shortest "
-        "prompt first (as `serve` reads them: docs/live-vs-offline.md)",
-    )
     p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
     p.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
     p.add_argument("--seed", type=int, default=0, help="seed for random pickers")
@@ -203,7 +196,6 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         shadow=args.shadow,
         speedup=args.speedup,
         pacing=args.pacing,
-        burst_order=getattr(args, "burst_order", "trace"),
         kv_events=getattr(args, "kv_events", False),
         kv_event_delay_s=getattr(args, "kv_event_delay_ms", 50.0) / 1000,
         kv_event_loss=getattr(args, "kv_event_loss", 0.0),

@@ -47,7 +47,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
@@ -66,8 +65,43 @@ from traces.pacing import Pacing, predecessors, release_time
 from traces.record import BLOCK_TOKENS, TraceRequest
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 
-BurstOrder = Literal["trace", "shortest"]
-BURST_ORDERS: tuple[BurstOrder, ...] = ("trace", "shortest")
+
+class Ingest:
+    """The router reading request bodies: processor sharing of ``bytes_per_s`` among the
+    bodies in flight, so of a burst sent at once the small bodies are read first and the
+    big ones late (what `serve`'s event loop does live: docs/live-vs-offline.md)."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.rate = bytes_per_s
+        self.left: dict[int, float] = {}
+        self.now = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.left)
+
+    def _advance(self, now: float) -> None:
+        if self.left and now > self.now:
+            done = (now - self.now) * self.rate / len(self.left)
+            for i in self.left:
+                self.left[i] -= done
+        self.now = max(self.now, now)
+
+    def add(self, i: int, nbytes: float, now: float) -> None:
+        self._advance(now)
+        self.left[i] = nbytes
+
+    def next_done(self) -> float:
+        if not self.left:
+            return float("inf")
+        return self.now + max(0.0, min(self.left.values())) * len(self.left) / self.rate
+
+    def pop(self) -> tuple[float, int]:
+        """The next body read whole: (when, request)."""
+        when = self.next_done()
+        self._advance(when)
+        i = min(self.left, key=self.left.__getitem__)
+        del self.left[i]
+        return when, i
 
 
 @dataclass(frozen=True)
@@ -80,10 +114,14 @@ class SimConfig:
     shadow_capacity_tokens: int | None = None  # default: the workers' KV capacity
     speedup: float = 1.0  # divide arrival times by this
     pacing: Pacing = "open"  # or "session": a turn waits for its previous turn's answer
-    # requests sent at the same instant reach the picker in the trace's order ("trace"), or
-    # shortest prompt first ("shortest"), as they reach `cache-router serve`, which reads
-    # each body on its event loop and picks when it is whole (docs/live-vs-offline.md)
-    burst_order: BurstOrder = "trace"
+    # the router's own reading of request bodies, bytes per modelled second shared by the
+    # bodies in flight (0: none, a request is picked when sent); live, `serve` reads about
+    # 100 MB a real second, so a replay at speedup S reads 100 MB / S per modelled second
+    ingest_bytes_per_s: float = 0.0
+    body_bytes_per_token: float = 5.7  # a replayed prompt's JSON body per token (text mode)
+    # what the connection carries at once (socket buffers): a body this small is in when
+    # sent; of a bigger one, the rest is read at the shared rate
+    ingest_window_bytes: float = 0.0
     samples: int = 400  # points of the per-worker in-flight time series
     kv_events: bool = False  # precise mode: the models' KV events feed the router's index
     kv_event_delay_s: float = 0.05
@@ -103,8 +141,8 @@ class SimConfig:
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN
 
     def __post_init__(self) -> None:
-        if self.burst_order not in BURST_ORDERS:
-            raise ValueError(f"burst_order {self.burst_order!r}: expected trace or shortest")
+        if self.ingest_bytes_per_s < 0 or self.body_bytes_per_token <= 0:
+            raise ValueError("ingest_bytes_per_s must be >= 0, body_bytes_per_token > 0")
         if (self.prefill_workers > 0) != (self.decode_workers > 0):
             raise ValueError("a disaggregated fleet needs both prefill_workers and decode_workers")
         if self.prefill_workers < 0 or self.decode_workers < 0:
@@ -299,8 +337,7 @@ def simulate(
     def release_next(i: int, now: float) -> None:
         after = successor[i]
         if after >= 0:  # session pacing: the session's next turn can now be sent
-            due = release_time(trace[after], config.speedup, now)
-            heapq.heappush(arrivals, (due, order_key(after), after))
+            heapq.heappush(arrivals, (release_time(trace[after], config.speedup, now), after))
 
     def on_prefilled(req: SimRequest, now: float) -> None:
         # the prefill worker's part ends at its first token (its one output token): the
@@ -356,14 +393,7 @@ def simulate(
     for j, p in enumerate(previous):
         if p >= 0:
             successor[p] = j
-    shortest = config.burst_order == "shortest"
-
-    def order_key(j: int) -> int:  # among requests due at one instant
-        return trace[j].input_length if shortest else j
-
-    arrivals = [
-        (trace[j].arrival / config.speedup, order_key(j), j) for j in range(n) if previous[j] < 0
-    ]
+    arrivals = [(trace[j].arrival / config.speedup, j) for j in range(n) if previous[j] < 0]
     heapq.heapify(arrivals)
     # disaggregated: KV transfers under way, (done, index); empty otherwise
     transfers: list[tuple[float, int]] = disagg.transfers if disagg is not None else []
@@ -384,8 +414,12 @@ def simulate(
     est_radix = np.full(n, np.nan)
     est_kv = np.full(n, np.nan)
     started = time.perf_counter()
-    while arrivals or wakeups or transfers or (events is not None and events.deliveries):
+    ingest = Ingest(config.ingest_bytes_per_s) if config.ingest_bytes_per_s > 0 else None
+    sent_at = np.zeros(n)
+    while arrivals or wakeups or transfers or (events is not None and events.deliveries) or ingest:
         arrival = arrivals[0][0] if arrivals else float("inf")
+        if ingest is not None:  # the next send, or the next body read whole
+            arrival = min(arrival, ingest.next_done())
         wakeup = wakeups[0][0] if wakeups else float("inf")
         if transfers:
             wakeup = min(wakeup, transfers[0][0])
@@ -413,7 +447,19 @@ def simulate(
         while next_sample < len(sample_times) and sample_times[next_sample] <= arrival:
             inflight[next_sample] = [s.num_requests for s in all_states]
             next_sample += 1
-        _, _, i = heapq.heappop(arrivals)
+        if ingest is not None:  # a request reaches the picker when its body is read
+            if arrivals and arrivals[0][0] <= arrival:
+                _, i = heapq.heappop(arrivals)
+                sent_at[i] = arrival
+                body = trace[i].input_length * config.body_bytes_per_token
+                if body > config.ingest_window_bytes:  # else it is in at once, in send order
+                    ingest.add(i, body - config.ingest_window_bytes, arrival)
+                    continue
+            else:
+                arrival, i = ingest.pop()
+        else:
+            _, i = heapq.heappop(arrivals)
+            sent_at[i] = arrival
         req = trace[i]
         features = RequestFeatures(
             blocks=req.blocks,
@@ -446,7 +492,7 @@ def simulate(
             est_radix[i] = booking.radix_estimate
         if booking.kv_estimate is not None:
             est_kv[i] = booking.kv_estimate
-        out["arrival"][i] = arrival
+        out["arrival"][i] = sent_at[i]  # TTFT counts from the client's send
         chosen[i] = pick.worker
         output = 1 if disagg is not None else max(1, req.output_length)
         sim_req = SimRequest(req.blocks, req.input_length, output, tag=i, adapter=adapter)

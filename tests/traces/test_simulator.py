@@ -172,10 +172,13 @@ def test_lora_adapters_swaps_and_their_own_caches(conversation):
     assert plain["lora_swaps"] == 0
 
 
-def test_simultaneous_requests_reach_the_picker_in_the_burst_order():
-    """``burst_order``: requests sent at one instant are picked in the trace's order, or
-    shortest prompt first (as ``serve`` reads them); round-robin shows the order."""
+def test_the_routers_reading_of_bodies_orders_and_delays_a_burst():
+    """``ingest_bytes_per_s``: bodies sent at one instant are read at a shared rate, so the
+    small ones reach the picker first and the big ones late (round-robin shows the order;
+    TTFT counts from the send); a body within ``ingest_window_bytes`` is in at once, in send
+    order."""
     from traces.record import TraceRequest
+    from traces.simulator import Ingest
 
     lengths = [4096, 1024, 2048, 512]
     trace = []
@@ -183,10 +186,21 @@ def test_simultaneous_requests_reach_the_picker_in_the_burst_order():
         blocks = tuple(range(100 * i, 100 * i + n // 512))
         trace.append(TraceRequest(0.0, f"s{i}", 0, n, 4, blocks, request_id=i))
     config = SimConfig(workers=4, worker=HUGE)
-    in_trace = simulate(trace, make_picker("round_robin"), config, "rr").worker
-    shortest = replace(config, burst_order="shortest")
-    by_size = simulate(trace, make_picker("round_robin"), shortest, "rr").worker
-    assert list(in_trace) == [0, 1, 2, 3]
-    assert list(by_size) == [3, 1, 2, 0]  # picked 512, 1024, 2048, 4096
+    at_once = simulate(trace, make_picker("round_robin"), config, "rr")
+    assert list(at_once.worker) == [0, 1, 2, 3]
+    read = replace(config, ingest_bytes_per_s=1e6, body_bytes_per_token=1.0)
+    by_size = simulate(trace, make_picker("round_robin"), read, "rr")
+    assert list(by_size.worker) == [3, 1, 2, 0]  # picked 512, 1024, 2048, 4096
+    assert (by_size.arrival == 0).all()  # TTFT from the send: the reading delays it
+    assert (by_size.first_token > at_once.first_token).all()
+    window = replace(read, ingest_window_bytes=2048)  # 1024, 2048 and 512 are in when sent
+    assert list(simulate(trace, make_picker("round_robin"), window, "rr").worker) == [3, 0, 1, 2]
+
+    ps = Ingest(100.0)  # processor sharing: two bodies at 50 bytes/s each, then one at 100
+    ps.add(0, 100.0, 0.0)
+    ps.add(1, 300.0, 0.0)
+    assert ps.pop() == (2.0, 0)
+    assert ps.pop() == (4.0, 1)
+    assert not ps
     with pytest.raises(ValueError):
-        SimConfig(burst_order="largest")
+        SimConfig(ingest_bytes_per_s=-1.0)
