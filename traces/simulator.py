@@ -141,8 +141,10 @@ class SimConfig:
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN
 
     def __post_init__(self) -> None:
-        if self.ingest_bytes_per_s < 0 or self.body_bytes_per_token <= 0:
-            raise ValueError("ingest_bytes_per_s must be >= 0, body_bytes_per_token > 0")
+        if min(self.ingest_bytes_per_s, self.ingest_window_bytes) < 0:
+            raise ValueError("ingest_bytes_per_s and ingest_window_bytes must be >= 0")
+        if self.body_bytes_per_token <= 0:
+            raise ValueError("body_bytes_per_token must be > 0")
         if (self.prefill_workers > 0) != (self.decode_workers > 0):
             raise ValueError("a disaggregated fleet needs both prefill_workers and decode_workers")
         if self.prefill_workers < 0 or self.decode_workers < 0:
