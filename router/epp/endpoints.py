@@ -17,18 +17,11 @@ import ipaddress
 import logging
 import socket
 from collections.abc import Iterable
-from urllib.parse import urlsplit
 
 from router.fleet import periodic
 from router.fleet.pool import Worker, WorkerPool
 
 log = logging.getLogger("cache_router.epp")
-
-
-def host_port(url: str) -> tuple[str, int]:
-    """A worker URL's host and port (the scheme's default when it has none)."""
-    parts = urlsplit(url)
-    return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def address(host: str, port: int) -> str | None:
@@ -53,17 +46,16 @@ class Endpoints:
         resolved now)."""
         found = self._by_url.get(worker.url)
         if found is None:
-            host, port = host_port(worker.url)
-            found = address(host, port)
+            found = address(worker.upstream.host, worker.upstream.port)
             if found is not None:
                 self._by_url[worker.url] = found
             elif worker.url not in self._resolving:
-                task = asyncio.get_running_loop().create_task(self._resolve(worker.url))
+                task = asyncio.get_running_loop().create_task(self._resolve(worker))
                 self._resolving[worker.url] = task
         return found
 
-    async def _resolve(self, url: str) -> None:
-        host, port = host_port(url)
+    async def _resolve(self, worker: Worker) -> None:
+        url, host, port = worker.url, worker.upstream.host, worker.upstream.port
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(
                 host, port, type=socket.SOCK_STREAM
@@ -85,13 +77,20 @@ class Endpoints:
 
     async def refresh(self, workers: Iterable[Worker]) -> None:
         """Resolve every worker's host name again; forget the workers that left."""
+        workers = list(workers)
         urls = {w.url for w in workers}
         for url in [u for u in self._by_url if u not in urls]:
             del self._by_url[url]
-        names = [u for u in urls if address(*host_port(u)) is None and u not in self._resolving]
-        await asyncio.gather(*(self._resolve(u) for u in names))
+        named = [
+            w
+            for w in workers
+            if address(w.upstream.host, w.upstream.port) is None and w.url not in self._resolving
+        ]
+        await asyncio.gather(*(self._resolve(w) for w in named))
 
     async def run(self, pool: WorkerPool) -> None:
-        """:meth:`refresh` the pool's workers every ``interval_s``, until cancelled."""
+        """:meth:`refresh` the pool's workers every ``interval_s`` from one interval on (the
+        first refresh is the caller's, before serving), until cancelled."""
+        await asyncio.sleep(self.interval_s)
         await periodic.every(self.interval_s, lambda: self.refresh(pool.workers), log,
                              "resolving the workers' host names")  # fmt: skip

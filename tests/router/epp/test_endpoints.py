@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from router.config import load_settings
-from router.epp.endpoints import Endpoints, address, host_port
+from router.epp.endpoints import Endpoints, address
 from router.fleet.pool import WorkerPool
 
 
@@ -17,8 +17,9 @@ def pool_of(*urls: str) -> WorkerPool:
 
 
 def test_addresses_and_ports() -> None:
-    assert host_port("http://10.0.0.5:8000") == ("10.0.0.5", 8000)
-    assert host_port("https://vllm-0.vllm") == ("vllm-0.vllm", 443)
+    ip, named = (w.upstream for w in pool_of("http://10.0.0.5:8000", "https://vllm-0.vllm").workers)
+    assert (ip.host, ip.port) == ("10.0.0.5", 8000)  # the worker's own host and port
+    assert (named.host, named.port) == ("vllm-0.vllm", 443)
     assert address("10.0.0.5", 8000) == "10.0.0.5:8000"
     assert address("fd00::5", 8000) == "[fd00::5]:8000"
     assert address("vllm-0.vllm", 8000) is None
