@@ -15,6 +15,9 @@ Setups (each started fresh, measured one after another, cell by cell):
   no response headers or body); ``envoy+epp-duplex``: the request body FULL_DUPLEX_STREAMED
   (Envoy sends it without waiting for the headers' answer: one wait fewer); ``envoy+epp-2p``:
   ``epp --processes 2`` (Envoy's connections to it at most 4 streams each, so they spread);
+  ``envoy+floor-aio`` / ``envoy+floor-sync``: the lean modes asking bench/ext_proc_floor.py,
+  a grpcio server (asyncio / thread pool) that answers without any work: the ceiling of a
+  Python picker on grpcio;
 - ``serve``: one router process.
 
 Envoy runs with ``--concurrency 1``; the load generator is closed-loop asyncio clients on
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +64,17 @@ def wait_http(url: str, timeout_s: float = 30.0) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{url} did not answer")
+
+
+def wait_grpc(port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"port {port} did not open")
 
 
 class Procs:
@@ -223,6 +238,14 @@ def _start_setup(
         wait_http(f"http://127.0.0.1:{port}/health")
         return port
     grpc_port, http_port = free_port(), free_port()
+    if setup.startswith("envoy+floor-"):  # grpcio with no picker behind it (its docstring)
+        procs.start([sys.executable, str(ROOT / "bench" / "ext_proc_floor.py"), "--port",
+                     str(grpc_port), "--endpoint", f"127.0.0.1:{workers[0]}", "--server",
+                     setup.removeprefix("envoy+floor-")], folder / f"{setup}.log")  # fmt: skip
+        wait_grpc(grpc_port)
+        port, admin = free_port(), free_port()
+        lean = {"response_body": "NONE", "response_headers": "SKIP"}
+        return start_envoy(procs, folder, gateway_config(port, admin, grpc_port, **lean), setup)[1]
     processes = ["--processes", "2"] if setup.endswith("-2p") else []
     procs.start([*cli, "epp", "--worker", *urls, "--port", str(grpc_port), "--http-port",
                  str(http_port), "--plaintext", *processes, *quiet],
