@@ -39,9 +39,10 @@ def run(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]
     )
 
 
-def compose_config(profile: str) -> dict[str, Any]:
-    """The compose model as Compose v2 resolves it for ``profile`` (no engine needed)."""
-    out = run(COMPOSE_BIN, "-f", COMPOSE, "--profile", profile, "config", "--format", "json")
+def compose_config(*profiles: str) -> dict[str, Any]:
+    """The compose model as Compose v2 resolves it for ``profiles`` (no engine needed)."""
+    chosen = [arg for profile in profiles for arg in ("--profile", profile)]
+    out = run(COMPOSE_BIN, "-f", COMPOSE, *chosen, "config", "--format", "json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -77,6 +78,15 @@ def test_compose_workers_are_where_router_and_prometheus_look(profile: str) -> N
     assert relabel["target_label"] == "worker"
     assert [relabel["replacement"].replace("$1", t) for t in targets] == sorted(settings.workers)
     assert jobs["cache-router"]["static_configs"][0]["targets"] == ["router:8080"]
+
+
+def test_prometheus_scrapes_the_endpoint_picker_of_the_gateway_profile() -> None:
+    epp = compose_config("sim", "gateway")["services"]["epp"]
+    http_port = epp["command"][epp["command"].index("--http-port") + 1]
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
+    (sd,) = jobs["cache-router-epp"]["dns_sd_configs"]
+    assert (sd["names"], sd["type"], str(sd["port"])) == (["epp"], "A", http_port)
 
 
 def test_compose_gpu_workers_ask_for_prefix_caching_and_cache_reports() -> None:
