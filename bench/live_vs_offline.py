@@ -884,7 +884,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--ingest-window-kb",
         type=float,
         default=0.0,
-        help="offline: a body this small is in at once when sent (socket buffers)",
+        help="offline: a body this small is in at once when sent (socket buffers; measured "
+        "here: 128, bench/ingest_window.py)",
     )
     p.add_argument("--out", default="bench/live_vs_offline", help="writes OUT.json and OUT.md")
     p.add_argument("--logs", default=None, help="folder for the pick logs (default: a tmp dir)")

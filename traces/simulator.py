@@ -118,7 +118,7 @@ class SimConfig:
     # bodies in flight (0: none, a request is picked when sent); live, `serve` reads about
     # 100 MB a real second, so a replay at speedup S reads 100 MB / S per modelled second
     ingest_bytes_per_s: float = 0.0
-    body_bytes_per_token: float = 5.7  # a replayed prompt's JSON body per token (text mode)
+    body_bytes_per_token: float = 4.0  # a replayed prompt's JSON body per token (text mode)
     # what the connection carries at once (socket buffers): a body this small is in when
     # sent; of a bigger one, the rest is read at the shared rate
     ingest_window_bytes: float = 0.0
