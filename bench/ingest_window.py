@@ -7,7 +7,7 @@ The simulator models the router reading request bodies (``SimConfig.ingest_bytes
 ``ingest_window_bytes``, :class:`traces.simulator.Ingest`): the bodies in flight share one
 read rate, and a body within the window is in when sent. docs/live-vs-offline.md fitted the
 window to the pickers' live ranking; this measures it on the mechanism itself. The opening
-burst of the Weka agentic sample (its 42 first turns sent at once, text prompts, 9-613 KB
+burst of the Weka agentic sample (its 42 first turns sent at once, text prompts, 51-1000 KB
 bodies, built before the clock starts as the replay does) goes through ``cache-router
 serve`` (ttft, the pick of every request logged with its time by bench/live_vs_offline.py's
 shim) in front of 4 sim workers, ``--repeats`` times with fresh salts, routers and caches.
@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +96,7 @@ def measure(burst: list, repeats: int, logdir: Path) -> list[dict]:
                 cfg = ReplayConfig(url=service.url, speedup=SPEEDUP, prompt_mode="text",
                                    salt=salt, worker_urls=tuple(urls))  # fmt: skip
                 outcome = asyncio.run(replay(burst, cfg, "ttft"))
-                model = httpx_model(service.url)
+                model = served_model(service.url)
             finally:
                 service.stop()
             picks = read_picklog(log)
@@ -107,9 +108,8 @@ def measure(burst: list, repeats: int, logdir: Path) -> list[dict]:
     return runs
 
 
-def httpx_model(url: str) -> str:
-    import httpx
-
+def served_model(url: str) -> str:
+    """The model the replay names (the router's first), so the bodies are the replay's."""
     return httpx.get(url + "/v1/models", timeout=5).json()["data"][0]["id"]
 
 
