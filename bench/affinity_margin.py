@@ -97,11 +97,9 @@ def main() -> int:
             s, base = row["ttft"][margin], row["ttft"][first]
             gap = s["hit_rate"] - row["best_other_hit_rate"]
             good_hit, good_p90 = gap >= -0.02, s["ttft_p90"] <= row["best_other_ttft_p90"]
-            hit_ok, p90_ok, both = (
-                hit_ok + good_hit,
-                p90_ok + good_p90,
-                both + (good_hit and good_p90),
-            )
+            hit_ok += good_hit
+            p90_ok += good_p90
+            both += good_hit and good_p90
             logs50.append(math.log(s["ttft_p50"] / base["ttft_p50"]))
             logs90.append(math.log(s["ttft_p90"] / base["ttft_p90"]))
             worst = max(worst, s["ttft_p90"] / base["ttft_p90"])

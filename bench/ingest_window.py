@@ -62,11 +62,10 @@ def opening_burst(path: Path) -> list:
 def modelled_done(sizes: list[int], rate_bytes_s: float, window_bytes: float) -> np.ndarray:
     """Read-done times (s after the send) of bodies all sent at 0, by the simulator's model
     (a body within the window is in at 0, in send order)."""
-    ingest = Ingest(rate_bytes_s)
-    done = np.zeros(len(sizes))
+    ingest = Ingest(rate_bytes_s, window_bytes)
+    done = np.zeros(len(sizes))  # a body within the window: in at 0
     for i, size in enumerate(sizes):
-        if size > window_bytes:
-            ingest.add(i, size - window_bytes, 0.0)
+        ingest.admit(i, size, 0.0)
     while ingest:
         when, i = ingest.pop()
         done[i] = when

@@ -69,10 +69,12 @@ from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 class Ingest:
     """The router reading request bodies: processor sharing of ``bytes_per_s`` among the
     bodies in flight, so of a burst sent at once the small bodies are read first and the
-    big ones late (what `serve`'s event loop does live: docs/live-vs-offline.md)."""
+    big ones late (what `serve`'s event loop does live: docs/live-vs-offline.md). The first
+    ``window_bytes`` of a body are in when sent (what the connection holds at once)."""
 
-    def __init__(self, bytes_per_s: float) -> None:
+    def __init__(self, bytes_per_s: float, window_bytes: float = 0.0) -> None:
         self.rate = bytes_per_s
+        self.window = window_bytes
         self.left: dict[int, float] = {}
         self.now = 0.0
 
@@ -86,9 +88,14 @@ class Ingest:
                 self.left[i] -= done
         self.now = max(self.now, now)
 
-    def add(self, i: int, nbytes: float, now: float) -> None:
+    def admit(self, i: int, nbytes: float, now: float) -> bool:
+        """Body ``i`` of ``nbytes`` sent at ``now``: True when it is in at once (within the
+        window), else it is read at the shared rate (:meth:`pop` gives it when whole)."""
+        if nbytes <= self.window:
+            return True
         self._advance(now)
-        self.left[i] = nbytes
+        self.left[i] = nbytes - self.window
+        return False
 
     def next_done(self) -> float:
         if not self.left:
@@ -416,7 +423,9 @@ def simulate(
     est_radix = np.full(n, np.nan)
     est_kv = np.full(n, np.nan)
     started = time.perf_counter()
-    ingest = Ingest(config.ingest_bytes_per_s) if config.ingest_bytes_per_s > 0 else None
+    ingest = None
+    if config.ingest_bytes_per_s > 0:
+        ingest = Ingest(config.ingest_bytes_per_s, config.ingest_window_bytes)
     sent_at = np.zeros(n)
     while arrivals or wakeups or transfers or (events is not None and events.deliveries) or ingest:
         arrival = arrivals[0][0] if arrivals else float("inf")
@@ -454,8 +463,7 @@ def simulate(
                 _, i = heapq.heappop(arrivals)
                 sent_at[i] = arrival
                 body = trace[i].input_length * config.body_bytes_per_token
-                if body > config.ingest_window_bytes:  # else it is in at once, in send order
-                    ingest.add(i, body - config.ingest_window_bytes, arrival)
+                if not ingest.admit(i, body, arrival):  # else it is in at once, in send order
                     continue
             else:
                 arrival, i = ingest.pop()

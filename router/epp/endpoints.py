@@ -33,6 +33,11 @@ def address(host: str, port: int) -> str | None:
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
+def literal(worker: Worker) -> str | None:
+    """``worker``'s address when its URL names an IP address (no lookup needed), else None."""
+    return address(worker.upstream.host, worker.upstream.port)
+
+
 class Endpoints:
     """Each worker's address for the gateway, host names resolved in the background."""
 
@@ -46,7 +51,7 @@ class Endpoints:
         resolved now)."""
         found = self._by_url.get(worker.url)
         if found is None:
-            found = address(worker.upstream.host, worker.upstream.port)
+            found = literal(worker)
             if found is not None:
                 self._by_url[worker.url] = found
             elif worker.url not in self._resolving:
@@ -81,11 +86,7 @@ class Endpoints:
         urls = {w.url for w in workers}
         for url in [u for u in self._by_url if u not in urls]:
             del self._by_url[url]
-        named = [
-            w
-            for w in workers
-            if address(w.upstream.host, w.upstream.port) is None and w.url not in self._resolving
-        ]
+        named = [w for w in workers if literal(w) is None and w.url not in self._resolving]
         await asyncio.gather(*(self._resolve(w) for w in named))
 
     async def run(self, pool: WorkerPool) -> None:

@@ -197,8 +197,8 @@ def test_the_routers_reading_of_bodies_orders_and_delays_a_burst():
     assert list(simulate(trace, make_picker("round_robin"), window, "rr").worker) == [3, 0, 1, 2]
 
     ps = Ingest(100.0)  # processor sharing: two bodies at 50 bytes/s each, then one at 100
-    ps.add(0, 100.0, 0.0)
-    ps.add(1, 300.0, 0.0)
+    assert not ps.admit(0, 100.0, 0.0)
+    assert not ps.admit(1, 300.0, 0.0)
     assert ps.pop() == (2.0, 0)
     assert ps.pop() == (4.0, 1)
     assert not ps
