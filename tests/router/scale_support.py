@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from router.proxy.supervisor import PrivateRedis
@@ -27,6 +29,20 @@ def need(program: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def pids_behind(url: str, want: int, timeout: float = 20.0) -> set[int]:
+    """The ``serve --processes`` child PIDs answering at ``url`` (new connections spread over
+    them), up to ``want``: waiting for ``want`` of them is waiting until every child serves."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < want and time.monotonic() < deadline:
+        try:
+            with httpx.Client(timeout=2) as client:  # a new connection each time
+                seen.add(client.get(url + "/health").json()["state_sync"]["pid"])
+        except (httpx.HTTPError, KeyError, ValueError):
+            time.sleep(0.05)
+    return seen
 
 
 class RedisServer(PrivateRedis):

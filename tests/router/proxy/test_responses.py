@@ -6,8 +6,9 @@ sim workers (each keeps its stored responses in its own memory, as vLLM does).
   ``GET /v1/responses/{id}`` and ``.../input_items`` of each reach it too;
 - an id nobody stored, an owner removed from the fleet, an owner out of service: the
   router's own OpenAI-style 404 / 404 / 503, and no booking left behind;
-- the same chain through ``--processes 2`` (one connection per request, so turns land on
-  both processes): the owners are shared;
+- a chain of 24 turns through ``--processes 2``, once both children serve (one connection
+  per request, so turns land on both processes: all 23 continuations on their owner's
+  process by chance is a 2**-23 event): the owners are shared;
 - ``/v1/embeddings`` reaches the workers, spread by load; counters by endpoint.
 """
 
@@ -16,14 +17,20 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 from conftest import wait_until
 from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from scale_support import need, pids_behind
 
 from traces.fleet import HOST, Service, free_port, sim_workers, start_service
 
@@ -170,12 +177,14 @@ def test_an_owner_out_of_service_is_a_503_not_another_worker() -> None:
 
 
 def test_processes_share_the_owners(workers) -> None:
+    need("redis-server")
     port = free_port()
     args = ["serve", "--host", HOST, "--port", str(port), "--log-level", "warning",
             "--processes", "2", "--worker", *(w.url for w in workers)]  # fmt: skip
     router = start_service("router", args, port, timeout_s=60)
     try:
-        chain = _chain(router.url, stream=False, fresh_connections=True)
+        assert len(pids_behind(router.url, 2)) == 2  # both children serve before the chain
+        chain = _chain(router.url, stream=False, turns=24, fresh_connections=True)
         assert len({worker for worker, _ in chain}) == 1
         text = httpx.get(router.url + "/metrics", timeout=10).text
         lookups = {}

@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from prometheus_client.parser import text_string_to_metric_families
-from scale_support import need
+from scale_support import need, pids_behind
 
 from router.config import load_settings
 from traces.fleet import HOST, Service, free_port, start_service
@@ -26,19 +26,6 @@ from traces.fleet import HOST, Service, free_port, start_service
 def serve_cmd(port: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "router.cli", "serve", "--host", HOST, "--port", str(port),
             "--log-level", "warning", *extra]  # fmt: skip
-
-
-def pids_behind(url: str, want: int, timeout: float = 20.0) -> set[int]:
-    """The child PIDs answering at ``url`` (new connections spread over them), up to ``want``."""
-    seen: set[int] = set()
-    deadline = time.monotonic() + timeout
-    while len(seen) < want and time.monotonic() < deadline:
-        try:
-            with httpx.Client(timeout=2) as client:  # a new connection each time
-                seen.add(client.get(url + "/health").json()["state_sync"]["pid"])
-        except (httpx.HTTPError, KeyError, ValueError):
-            time.sleep(0.05)
-    return seen
 
 
 def two_processes(fake_workers) -> Service:
