@@ -1,0 +1,44 @@
+"""bench/live_vs_offline.py's reading of its salts in groups of three (issue 31's statistic)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    path = ROOT / "bench" / "live_vs_offline.py"
+    spec = importlib.util.spec_from_file_location("live_vs_offline", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["live_vs_offline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(policy: str, p90: list[float], hit: list[float]) -> dict:
+    return {"policy": policy, "live_ttft_p90_salts": p90, "live_hit_rate_salts": hit}
+
+
+def test_each_group_of_three_salts_is_read_on_its_own(bench) -> None:
+    rows = [
+        _row("ttft", [1.0, 1.0, 1.0, 3.0, 3.0, 1.0], [0.70, 0.70, 0.72, 0.70, 0.69, 0.71]),
+        _row("unified", [2.0, 2.0, 2.0, 2.0, 2.0, 2.0], [0.75, 0.73, 0.73, 0.71, 0.71, 0.71]),
+    ]
+    groups, md = bench.salt_groups(rows)
+    assert [g["salts"] for g in groups] == [[0, 2], [3, 5]]
+    assert [g["best_p90"] for g in groups] == ["ttft", "unified"]
+    assert groups[1]["default_p90"] == 3.0 and groups[1]["best_other_p90"] == 2.0
+    assert groups[0]["default_hit_gap"] == pytest.approx(0.03)
+    assert groups[1]["default_hit_gap"] == pytest.approx(0.01)
+    assert "| 3-5 | unified | 3.00 / 2.00 | 1.0 |" in md
+
+
+def test_fewer_than_two_groups_reads_nothing(bench) -> None:
+    rows = [_row("ttft", [1.0, 2.0, 3.0], [0.1, 0.2, 0.3])]
+    assert bench.salt_groups(rows) == ([], "")
