@@ -1,0 +1,42 @@
+"""bench/lora_partition.py's partition picker: a new session goes to its adapter's home."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from traces.formats import load_trace
+from traces.simulator import SimConfig, simulate
+from traces.worker_model import WorkerModelConfig
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    path = ROOT / "bench" / "lora_partition.py"
+    spec = importlib.util.spec_from_file_location("lora_partition", path)
+    module = importlib.util.module_from_spec(spec)
+    before = list(sys.path)
+    spec.loader.exec_module(module)  # it puts bench/ on the path to import lora_affinity
+    sys.path[:] = before
+    return module
+
+
+def test_strict_partition_sends_each_new_session_to_its_adapters_home(bench) -> None:
+    base = load_trace(str(ROOT / "traces" / "data" / "conversation_sample.jsonl"))[:300]
+    trace = bench.with_adapters(base, 8)
+    config = SimConfig(workers=4, worker=WorkerModelConfig(max_loras=2), speedup=0.5)
+    run = simulate(trace, bench.PartitionPicker(), config, "partition")
+    seen = set()
+    for i, req in enumerate(trace):
+        if req.session_id not in seen:
+            seen.add(req.session_id)
+            assert run.worker[i] == int(req.model.rsplit("-", 1)[1]) % 4
+    assert run.branches.get("partition", 0) == len(seen)
+    # 8 adapters over 4 workers of 2 slots: a worker's new sessions never need a third adapter
+    ttft = simulate(trace, bench.TTFTPicker(), config, "ttft")
+    assert run.lora_swaps < ttft.lora_swaps
