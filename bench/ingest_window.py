@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from live_vs_offline import read_picklog, start_router  # noqa: E402
+from live_vs_offline import read_picklog, spearman, start_router  # noqa: E402
 
 from traces.fleet import reset_caches, sim_workers  # noqa: E402
 from traces.formats import load_trace  # noqa: E402
@@ -70,15 +70,6 @@ def modelled_done(sizes: list[int], rate_bytes_s: float, window_bytes: float) ->
         when, i = ingest.pop()
         done[i] = when
     return done
-
-
-def order_of(times: np.ndarray) -> np.ndarray:
-    """Each request's position when sorted by ``times`` (ties in send order)."""
-    return np.argsort(np.argsort(times, kind="stable"), kind="stable").astype(float)
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.corrcoef(order_of(a), order_of(b))[0, 1])
 
 
 def measure(burst: list, repeats: int, logdir: Path) -> list[dict]:

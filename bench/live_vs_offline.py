@@ -734,6 +734,15 @@ def simulate_as_live(
     }
 
 
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation of ``a`` and ``b`` (ties ranked in their order)."""
+
+    def ranks(x: np.ndarray) -> np.ndarray:
+        return np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(float)
+
+    return float(np.corrcoef(ranks(a), ranks(b))[0, 1])
+
+
 def burst_order(trace: Sequence[TraceRequest], picks: list[dict]) -> dict:
     """The first turns that share the trace's first arrival time (the opening burst): the
     rank correlation of their pick order with their prompt length (offline: the trace
@@ -748,13 +757,11 @@ def burst_order(trace: Sequence[TraceRequest], picks: list[dict]) -> dict:
     lengths = np.array([trace[i].input_length for i in burst], dtype=float)
     if len(lengths) < 3:
         return {}
-    pos = np.arange(len(lengths), dtype=float)
-    ranks = np.argsort(np.argsort(lengths)).astype(float)
     third = len(lengths) // 3
     spread = [p["t"] for p, k in zip(picks, session_turn_index(picks), strict=True) if k in idx]
     return {
         "requests": len(burst),
-        "spearman_pick_order_vs_length": float(np.corrcoef(pos, ranks)[0, 1]),
+        "spearman_pick_order_vs_length": spearman(np.arange(len(lengths)), lengths),
         "first_third_mean_len": float(lengths[:third].mean()),
         "last_third_mean_len": float(lengths[-third:].mean()),
         "pick_span_real_s": float(spread[len(burst) - 1] - spread[0]) if spread else 0.0,
