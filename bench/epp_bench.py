@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from router.epp.envoy_config import envoy_binary, gateway_config  # noqa: E402
 from router.proxy.supervisor import end_process  # noqa: E402
-from traces.fleet import free_port  # noqa: E402
+from traces.fleet import free_port, wait_port  # noqa: E402
 
 FAKE_WORKER = ROOT.parent / "shared" / "bench" / "fake_worker.py"
 PROMPT = "You are a helpful assistant. Summarize the following text. " * 32  # about 2 KB
@@ -64,17 +63,6 @@ def wait_http(url: str, timeout_s: float = 30.0) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{url} did not answer")
-
-
-def wait_grpc(port: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"port {port} did not open")
 
 
 class Procs:
@@ -242,7 +230,7 @@ def _start_setup(
         procs.start([sys.executable, str(ROOT / "bench" / "ext_proc_floor.py"), "--port",
                      str(grpc_port), "--endpoint", f"127.0.0.1:{workers[0]}", "--server",
                      setup.removeprefix("envoy+floor-")], folder / f"{setup}.log")  # fmt: skip
-        wait_grpc(grpc_port)
+        wait_port(grpc_port, 30.0)
         port, admin = free_port(), free_port()
         lean = {"response_body": "NONE", "response_headers": "SKIP"}
         return start_envoy(procs, folder, gateway_config(port, admin, grpc_port, **lean), setup)[1]

@@ -155,6 +155,23 @@ def _program(name: str) -> str:
     return path
 
 
+def wait_port(
+    port: int, timeout_s: float, proc: subprocess.Popen | None = None, name: str = "process"
+) -> None:
+    """Until something accepts connections on 127.0.0.1:``port``; RuntimeError when ``proc``
+    exits first or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{name} did not listen on port {port} within {timeout_s:.0f} s")
+
+
 class Haproxy:
     """haproxy in TCP mode, round-robin over ``backends`` (host:port), health-checked every
     200 ms; a backend that fails one check is skipped, and a connect that fails goes to the
@@ -194,17 +211,12 @@ backend routers
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"haproxy exited with {self.proc.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("haproxy did not listen within 10 s")
+        try:
+            wait_port(self.port, START_TIMEOUT_S, self.proc, "haproxy")
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
