@@ -24,9 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -34,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from epp_bench import Procs, start_envoy, wait_http  # noqa: E402
 
 from router.epp.envoy_config import gateway_config  # noqa: E402
-from traces.fleet import free_port, router, sim_workers  # noqa: E402
+from traces.fleet import free_port, router, scrape, sim_workers  # noqa: E402
 from traces.formats import load_trace  # noqa: E402
 from traces.replay import ReplayConfig, replay  # noqa: E402
 
@@ -59,13 +56,10 @@ def hit_rate(trace, url: str, workers: tuple[str, ...], name: str) -> float:
 
 def decisions(router_url: str) -> dict[str, int]:
     """The picker's branches, from the router's /metrics."""
-    text = httpx.get(router_url + "/metrics", timeout=10).text
     return {
         s.labels["branch"]: int(s.value)
-        for f in text_string_to_metric_families(text)
-        if f.name == "cache_router_decisions"
-        for s in f.samples
-        if s.name.endswith("_total")
+        for s in scrape(router_url)
+        if s.name == "cache_router_decisions_total"
     }
 
 

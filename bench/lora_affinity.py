@@ -24,13 +24,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from traces.assign import assign_models  # noqa: E402
-from traces.fleet import router, sim_workers  # noqa: E402
+from traces.fleet import router, scrape, sim_workers  # noqa: E402
 from traces.formats import load_trace  # noqa: E402
 from traces.record import TraceRequest  # noqa: E402
 from traces.replay import ReplayConfig, replay  # noqa: E402
@@ -84,12 +82,7 @@ def offline(args: argparse.Namespace) -> list[dict]:
 
 
 def _swaps(urls: Sequence[str]) -> float:
-    total = 0.0
-    for url in urls:
-        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith("sim:lora_swaps_total"):
-                total += float(line.split()[-1])
-    return total
+    return sum(s.value for url in urls for s in scrape(url) if s.name == "sim:lora_swaps_total")
 
 
 def live(args: argparse.Namespace) -> list[dict]:

@@ -57,13 +57,12 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from router.fleet.worker_truth import parse_worker_metrics  # noqa: E402
-from traces.fleet import HOST, Service, free_port, start_service  # noqa: E402
+from traces.fleet import HOST, Service, free_port, scrape, start_service  # noqa: E402
 from traces.formats import load_trace  # noqa: E402
 from traces.replay import ReplayConfig, replay  # noqa: E402
 
@@ -202,10 +201,9 @@ def prefix_counters(urls: Sequence[str]) -> tuple[float, float]:
 def sim_counter(urls: Sequence[str], name: str, **labels: str) -> float:
     total = 0.0
     for url in urls:
-        for family in text_string_to_metric_families(_metrics(url)):
-            for s in family.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    total += s.value
+        for s in scrape(url):
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
     return total
 
 
@@ -218,13 +216,12 @@ def router_counters(url: str) -> dict[str, dict[str, float]]:
         "cache_router_disaggregated_requests_total": "outcome",
     }
     out: dict[str, dict[str, float]] = {name: {} for name in wanted}
-    for family in text_string_to_metric_families(_metrics(url)):
-        for s in family.samples:
-            if s.name in wanted and s.value:
-                key = s.labels.get(wanted[s.name], "")
-                if s.name == "cache_router_requests_total" and not key.startswith("2"):
-                    key = f"{key} {s.labels.get('worker', '')}"  # which worker failed
-                out[s.name][key] = out[s.name].get(key, 0.0) + s.value
+    for s in scrape(url):
+        if s.name in wanted and s.value:
+            key = s.labels.get(wanted[s.name], "")
+            if s.name == "cache_router_requests_total" and not key.startswith("2"):
+                key = f"{key} {s.labels.get('worker', '')}"  # which worker failed
+            out[s.name][key] = out[s.name].get(key, 0.0) + s.value
     return out
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from router.proxy.supervisor import end_process
 
@@ -146,6 +148,13 @@ def reset_caches(urls: Sequence[str]) -> bool:
 
 
 START_TIMEOUT_S = 10.0
+
+
+def scrape(url: str, timeout_s: float = 10.0) -> list[Sample]:
+    """Every sample of ``url``'s /metrics (a router's or a worker's), parsed by
+    prometheus_client."""
+    text = httpx.get(f"{url}/metrics", timeout=timeout_s).text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def _program(name: str) -> str:

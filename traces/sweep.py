@@ -31,11 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from policies.registry import PICKER_NAMES
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
-from traces.fleet import reset_caches, router, sim_workers
+from traces.fleet import reset_caches, router, scrape, sim_workers
 from traces.formats import load_trace
 from traces.record import TraceRequest
 from traces.replay import ReplayConfig, ReplayOutcome, replay
@@ -71,16 +70,15 @@ def router_shadow_errors(url: str) -> dict[str, float]:
     """``cache_router_shadow_error_ratio{shadow}`` of the router at ``url``, by simulate's
     names (empty if unreadable)."""
     try:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
+        samples = scrape(url)
     except httpx.HTTPError:
         return {}
     out = {}
-    for family in text_string_to_metric_families(text):
-        if family.name == "cache_router_shadow_error_ratio":
-            for sample in family.samples:
-                name = SHADOW_NAMES.get(sample.labels.get("shadow", ""))
-                if name is not None:
-                    out[name] = sample.value
+    for sample in samples:
+        if sample.name == "cache_router_shadow_error_ratio":
+            name = SHADOW_NAMES.get(sample.labels.get("shadow", ""))
+            if name is not None:
+                out[name] = sample.value
     return out
 
 
