@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from lora_affinity import TRACES, with_adapters  # noqa: E402
 
-from policies.base import Pick, RequestFeatures, WorkerView  # noqa: E402
+from policies.base import Pick, Picker, RequestFeatures, WorkerView  # noqa: E402
 from policies.hits import UNHEALTHY, estimate_hits  # noqa: E402
 from policies.registry import make_picker  # noqa: E402
 from policies.ttft import TTFTPicker  # noqa: E402
@@ -63,7 +63,9 @@ class PartitionPicker(TTFTPicker):
         return super().pick(request, workers)
 
 
-def pickers(margins: Sequence[float], load_s: float) -> dict[str, object]:
+def pickers(margins: Sequence[float], load_s: float) -> dict[str, Callable[[], Picker]]:
+    """Fresh-picker factories by name, every ttft told that an adapter load takes
+    ``load_s``."""
     out = {
         "round_robin": lambda: make_picker("round_robin"),
         "ttft": lambda: TTFTPicker(lora_load_s=load_s),
@@ -99,10 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 trace = with_adapters(base, adapters)
                 for speedup in args.speedups:
                     config = SimConfig(workers=args.workers, worker=worker, speedup=speedup)
-                    cell = {}
-                    for policy, make in pickers(args.margins, load_s).items():
-                        s = simulate(trace, make(), config, policy).summary()
-                        cell[policy] = s
+                    cell = {
+                        policy: simulate(trace, make(), config, policy).summary()
+                        for policy, make in pickers(args.margins, load_s).items()
+                    }
                     rr, tt = cell["round_robin"], cell["ttft"]
                     for policy, s in cell.items():
                         rows.append(
