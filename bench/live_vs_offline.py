@@ -389,9 +389,9 @@ def salt_groups(rows: list[dict], size: int = 3) -> tuple[list[dict], str]:
     """The first policy (the default) in each group of ``size`` consecutive salts, read as
     issue 31's bar reads one run: lowest median TTFT p90 of the group, and its median hit
     rate's gap to the best one's. Groups that disagree show how far one 3-salt median can be
-    trusted; empty with fewer than two groups."""
+    trusted; empty with fewer than two groups or no other policy."""
     salts = len(rows[0]["live_ttft_p90_salts"])
-    if salts < 2 * size:
+    if salts < 2 * size or len(rows) < 2:
         return [], ""
     default = rows[0]["policy"]
     groups = []

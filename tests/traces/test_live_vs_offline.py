@@ -39,6 +39,8 @@ def test_each_group_of_three_salts_is_read_on_its_own(bench) -> None:
     assert "| 3-5 | unified | 3.00 / 2.00 | 1.0 |" in md
 
 
-def test_fewer_than_two_groups_reads_nothing(bench) -> None:
-    rows = [_row("ttft", [1.0, 2.0, 3.0], [0.1, 0.2, 0.3])]
-    assert bench.salt_groups(rows) == ([], "")
+def test_fewer_than_two_groups_or_no_other_policy_reads_nothing(bench) -> None:
+    two = [_row("ttft", [1.0, 2.0, 3.0], [0.1, 0.2, 0.3]), _row("unified", [1.0] * 3, [0.1] * 3)]
+    assert bench.salt_groups(two) == ([], "")
+    alone = [_row("ttft", [1.0] * 6, [0.1] * 6)]
+    assert bench.salt_groups(alone) == ([], "")
