@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -578,7 +579,10 @@ def per_request(
     live: dict, offline: dict, trace: Sequence[TraceRequest], args: argparse.Namespace
 ) -> dict:
     prev, _ = session_shape(trace)
-    workers, speedup, config = args.workers, args.speedup, sim_config(args)
+    workers, speedup = args.workers, args.speedup
+    # replays in the live pick order or at the live pick times: the router has read those
+    # bodies already, so no ingest model (it would re-sort the burst by body size)
+    config = dataclasses.replace(sim_config(args), ingest_bytes_per_s=0.0)
     out = {}
     for policy, salts in live.items():
         off = offline[policy]["run"]
