@@ -7,11 +7,14 @@ work under any pytest import mode and beside other test directories' conftest fi
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import uvicorn
@@ -21,6 +24,7 @@ from traces.record import TraceRequest
 from traces.sim_worker import SimWorkerConfig, create_app
 
 SHARED = Path(__file__).parents[2].parent / "shared" / "traces"
+BENCH = Path(__file__).parents[2] / "bench"
 DATA = Path(__file__).parents[1] / "data"
 
 
@@ -41,6 +45,24 @@ def shared() -> Callable[[str], Path]:
         return p
 
     return path
+
+
+@pytest.fixture(scope="session")
+def bench_module() -> Callable[[str], ModuleType]:
+    """``bench_module(name)``: bench/NAME.py loaded as module NAME (registered in
+    sys.modules, where dataclasses look their module up); the sys.path entries the script
+    adds for its own imports are taken back."""
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        before = list(sys.path)
+        spec.loader.exec_module(module)
+        sys.path[:] = before
+        return module
+
+    return load
 
 
 @pytest.fixture(scope="session")

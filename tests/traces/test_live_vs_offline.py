@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
-def bench():
-    path = ROOT / "bench" / "live_vs_offline.py"
-    spec = importlib.util.spec_from_file_location("live_vs_offline", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["live_vs_offline"] = module
-    spec.loader.exec_module(module)
-    return module
+def bench(bench_module):
+    return bench_module("live_vs_offline")
 
 
 def _row(policy: str, p90: list[float], hit: list[float]) -> dict:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +14,8 @@ ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
-def bench():
-    path = ROOT / "bench" / "lora_partition.py"
-    spec = importlib.util.spec_from_file_location("lora_partition", path)
-    module = importlib.util.module_from_spec(spec)
-    before = list(sys.path)
-    spec.loader.exec_module(module)  # it puts bench/ on the path to import lora_affinity
-    sys.path[:] = before
-    return module
+def bench(bench_module):
+    return bench_module("lora_partition")
 
 
 def test_strict_partition_sends_each_new_session_to_its_adapters_home(bench) -> None:

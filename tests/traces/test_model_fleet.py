@@ -4,22 +4,13 @@ router per model, live sim workers and routers on 127.0.0.1."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("model_fleet", ROOT / "bench" / "model_fleet.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["model_fleet"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def bench(bench_module):
+    return bench_module("model_fleet")
 
 
 def test_a_mixed_fleet_routes_by_model_and_keeps_each_models_hit_rate(bench) -> None:
