@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from router.fleet.worker_truth import parse_worker_metrics  # noqa: E402
-from traces.fleet import reset_caches, router  # noqa: E402
+from traces.fleet import reset_caches, router, scrape  # noqa: E402
 
 CHARS_PER_TOKEN = 3.4
 WORKER_HEADER = "x-cache-router-worker"
@@ -221,19 +221,13 @@ def shadow_errors(workers: list[dict[str, Any]]) -> dict[str, Any]:
 def metrics_error_ratio(url: str) -> tuple[dict[str, float], dict[str, int]]:
     """``cache_router_shadow_error_ratio{shadow}`` and the picker's decisions by branch
     (``cache_router_decisions_total{branch}``) from the router's /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out: dict[str, float] = {}
     decisions: dict[str, int] = {}
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        if family.name == "cache_router_shadow_error_ratio":
-            for sample in family.samples:
-                out[sample.labels["shadow"]] = sample.value
-        elif family.name == "cache_router_decisions":
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    decisions[sample.labels["branch"]] = int(sample.value)
+    for sample in scrape(url):
+        if sample.name == "cache_router_shadow_error_ratio":
+            out[sample.labels["shadow"]] = sample.value
+        elif sample.name == "cache_router_decisions_total":
+            decisions[sample.labels["branch"]] = int(sample.value)
     return out, decisions
 
 
