@@ -579,6 +579,7 @@ def per_request(
     live: dict, offline: dict, trace: Sequence[TraceRequest], args: argparse.Namespace
 ) -> dict:
     prev, _ = session_shape(trace)
+    arrivals = np.array([r.arrival for r in trace])
     workers, speedup = args.workers, args.speedup
     # replays in the live pick order or at the live pick times: the router has read those
     # bodies already, so no ingest model (it would re-sort the burst by body size)
@@ -620,6 +621,7 @@ def per_request(
                     # same sends, same picks (mostly): what is left is execution
                     delta = ttft(run) - ttft(rerun_run)
                     first = prev < 0
+                    burst = first & (arrivals == arrivals[0])  # the opening burst
                     item[f"offline_with_live_{mode}"] |= {
                         "same_partition_first_turns": _same_partition(
                             run.worker[first], rerun_run.worker[first]
@@ -629,6 +631,12 @@ def per_request(
                             _pct(delta[first], q) for q in (10, 50, 90)
                         ],
                         "continuation_ttft_live_minus_this_mean": float(delta[~first].mean()),
+                        "burst_same_partition": _same_partition(
+                            run.worker[burst], rerun_run.worker[burst]
+                        ),
+                        "burst_ttft_live_minus_this_p10_p50_p90": [
+                            _pct(delta[burst], q) for q in (10, 50, 90)
+                        ],
                     }
             reordered = live_order_trace(trace, s["picks"], speedup, "times")
             if reordered is not None:
@@ -823,8 +831,9 @@ def diagnostics_md(diag: dict) -> str:
         "| policy | run | opening burst: requests, pick order vs length (Spearman) "
         "| mean length first/last third | offline with live order: TTFT p50/p90 s "
         "| offline with live times: TTFT p50/p90 s | same first-turn placement "
-        "| first-turn TTFT live minus it, mean (p10/p50/p90) s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| first-turn TTFT live minus it, mean (p10/p50/p90) s "
+        "| opening burst: same placement, TTFT live minus it p10/p50/p90 s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for policy, entry in diag.items():
         runs = [("offline", entry["offline"])]
@@ -889,11 +898,13 @@ def diagnostics_md(diag: dict) -> str:
 def _delta(x: dict) -> str:
     r = x.get("offline_with_live_times")
     if not r:
-        return " | "
+        return " |  | "
     q = "/".join(f"{v:+.2f}" for v in r["first_turn_ttft_live_minus_this_p10_p50_p90"])
+    b = "/".join(f"{v:+.2f}" for v in r.get("burst_ttft_live_minus_this_p10_p50_p90", ()))
     return (
         f"{r['same_partition_first_turns']:.0%} "
-        f"| {r['first_turn_ttft_live_minus_this_mean']:+.2f} ({q})"
+        f"| {r['first_turn_ttft_live_minus_this_mean']:+.2f} ({q}) "
+        f"| {r.get('burst_same_partition', float('nan')):.0%}, {b}"
     )
 
 
