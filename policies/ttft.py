@@ -348,6 +348,9 @@ class TTFTPicker:
         costs: list[float] = []
         own_min = INF  # the request's own prefill on the worker where it is shortest
         adapter = request.adapter
+        # the latest booking anywhere: how far the workers' queued prefills have got since
+        progress = getattr(first, "prefill_left", None) is not None
+        now = max(w.footprint.clock for w in workers) if progress else 0.0
         for i, worker in enumerate(workers):
             hit = hits[i]
             if hit == UNHEALTHY:
@@ -357,7 +360,8 @@ class TTFTPicker:
             rate = worker.rate.tokens_per_s if learned else default_rate
             if uncached / rate < own_min:
                 own_min = uncached / rate
-            work = worker.pending_prefill_tokens + uncached
+            pending = worker.prefill_left(now) if progress else worker.pending_prefill_tokens
+            work = pending + uncached
             n = worker.num_requests
             cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
             if share and uncached and n:

@@ -20,6 +20,7 @@ each of them (:meth:`Booking.report_cached`).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -81,6 +82,32 @@ class WorkerState:
     rate: PrefillRate = field(default_factory=PrefillRate)
     footprint: SessionFootprint = field(default_factory=SessionFootprint)
     adapters: AdapterSlots = field(default_factory=AdapterSlots)  # its LoRA slots, as booked
+    # bookings whose prefill is pending, oldest first (released ones are dropped lazily),
+    # and when the last first token came (the next one's prefill began then at the latest)
+    prefill_queue: deque[Booking] = field(default_factory=deque, repr=False)
+    prefill_since: float = 0.0
+
+    def prefill_left(self, now: float) -> int:
+        """Prefill tokens still to compute at ``now``: the pending ones less what the oldest
+        has had since it began, at the learned rate (at most its own).
+
+        Engines prefill in admission order (vLLM and SGLang chunk the oldest first), so the
+        head of the queue is the one in progress; it began at its booking or at the previous
+        first token, whichever came later. Counted whole until its first token, a long
+        prompt half done reads twice its wait: a session there looked dearer than it was,
+        and moved, recomputing its prefix elsewhere (issue 31).
+        """
+        queue = self.prefill_queue
+        while queue and queue[0].prefill_released:
+            queue.popleft()
+        pending = self.pending_prefill_tokens
+        if not queue:
+            return pending
+        head = queue[0]
+        elapsed = now - max(head.booked_at, self.prefill_since)
+        if elapsed <= 0.0:
+            return pending
+        return pending - min(head.new_prefill, int(self.rate.tokens_per_s * elapsed))
 
     def __post_init__(self) -> None:
         if self.shadow not in SHADOW_KINDS:
@@ -160,7 +187,7 @@ class WorkerState:
         adapter = request.adapter
         if adapter is not None:
             self.adapters.acquire(adapter)
-        return Booking(
+        booking = Booking(
             worker=self,
             blocks=request.blocks,
             radix_node=node,
@@ -176,6 +203,9 @@ class WorkerState:
             radix_pending=radix_pending,
             adapter=adapter,
         )
+        if new_prefill:
+            self.prefill_queue.append(booking)
+        return booking
 
 
 def worker_visible(hit: int, input_length: int, block_size: int) -> int:
@@ -228,8 +258,13 @@ class Booking:
     def first_token(self, now: float | None = None) -> None:
         """The worker started answering: its prefill of this request is done."""
         if not self.prefill_released:
-            self.prefill_released = True
             self.first_token_at = time.monotonic() if now is None else now
+            self.worker.prefill_since = self.first_token_at  # the next one's began
+            self._release_prefill()
+
+    def _release_prefill(self) -> None:
+        if not self.prefill_released:
+            self.prefill_released = True
             self.worker.pending_prefill_tokens -= self.new_prefill
 
     def finish(self) -> bool:
@@ -238,7 +273,7 @@ class Booking:
             return False
         self.insert_radix()  # the tree ends as if it had been inserted at booking
         self.finished = True
-        self.first_token()
+        self._release_prefill()  # no first token came (an error, a client gone): no time
         worker = self.worker
         worker.num_requests -= 1
         worker.ongoing_decode_tokens -= self.decode_tokens

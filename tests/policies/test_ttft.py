@@ -400,3 +400,22 @@ def test_adapter_parameters_must_not_be_negative():
         TTFTPicker(adapter_margin=-0.1)
     with pytest.raises(ValueError):
         TTFTPicker(adapter_slack_s=-1.0)
+
+
+def test_a_long_prefill_in_progress_on_the_sessions_worker_counts_what_is_left(request_for):
+    """Counted whole until its first token, a long prompt half done would read twice its
+    wait, and the session would move and recompute its prefix elsewhere."""
+    home, other = _state("home", 1 << 22), _state("other", 1 << 22)
+    picker = TTFTPicker()
+    turn = request_for(tuple(range(1, 41)), session="s")  # 20k tokens
+    picker.sessions.bind("s", 0)
+    home.book(turn, now=0.0).finish()  # its prefix is cached on home
+    home.book(request_for(tuple(range(100, 300))), now=1.0)  # 102k cold tokens, ~6.8 s
+    nxt = request_for(tuple(range(1, 42)), session="s")  # 512 new tokens; 21k cold elsewhere
+    tick = request_for((999,), session="tick")
+    other.book(tick, now=1.0).finish()  # the latest booking: the picker's clock
+    assert picker.pick(nxt, [home, other]).branch == "affinity_moved"
+    picker.sessions.bind("s", 0)
+    other.book(tick, now=6.0).finish()  # 5 s later: ~75k of the 102k done
+    assert home.prefill_left(6.0) < 30_000 < home.pending_prefill_tokens
+    assert picker.pick(nxt, [home, other]).branch == "affinity_stick"

@@ -110,3 +110,22 @@ def test_the_radix_shadow_is_never_left_for_later():
     booking = w.book(request([1, 2, 3, 4, 5]), radix_later=True)
     assert booking.radix_pending is None and booking.radix_estimate == 0
     assert w.radix.protected_tokens == 5
+
+
+def test_the_oldest_pending_prefill_counts_as_in_progress():
+    w = make_worker()
+    w.rate.configured = w.rate.tokens_per_s = 1000.0
+    head = w.book(request(list(range(2000))), now=0.0)
+    behind = w.book(request(list(range(3000, 3600))), now=0.5)
+    assert w.prefill_left(0.0) == 2600  # nothing done yet
+    assert w.prefill_left(1.0) == 2600 - 1000  # the head has had 1 s at 1000 tokens/s
+    assert w.prefill_left(9.0) == 600  # at most the head itself, until its first token
+    head.first_token(now=2.0)  # the next one begins at the head's first token
+    assert w.prefill_left(2.0) == 600 and w.prefill_left(2.5) == 100
+    behind.first_token(now=3.0)
+    assert w.prefill_left(4.0) == 0 and not w.prefill_queue
+    for b in (head, behind):
+        b.finish()
+    released = w.book(request(list(range(5000, 5100))), now=10.0)
+    released.finish()  # gone before its first token (a client that left): not in progress
+    assert w.prefill_left(11.0) == 0 and not w.prefill_queue
