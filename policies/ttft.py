@@ -23,6 +23,13 @@ worker ``i`` in seconds:
     cost_i  = ttft_i + share_i + evict_i + wait_i + block_i + lora_i
                                                          g(x) = x^2 / (x^2 + share_tau_s^2)
 
+- ``pending_prefill_i``: the prefill booked there and not yet answered, less what the
+  oldest of it (the one in progress: engines prefill in admission order) has had since it
+  began, at ``rate_i`` (:meth:`router.cache.worker_state.WorkerState.prefill_left`; the
+  clock is the latest booking anywhere). Counted whole until its first token, a long prompt
+  half done read twice its wait, and sessions behind it moved and recomputed their prefix
+  elsewhere (issue 31): over the 26 configurations of bench/affinity_margin.py, TTFT p90
+  -1.4% and hit rate +0.3 points with it.
 - ``rate_i`` is the worker's effective prefill rate, learned online from observed time to
   first token and reported cached tokens (:class:`router.cache.workload.PrefillRate`, seeded
   from configuration, bounded); views without one use ``prefill_tokens_per_s``.
