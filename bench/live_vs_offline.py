@@ -49,7 +49,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from traces.fleet import HOST, Service, free_port, reset_caches, sim_workers  # noqa: E402
+from traces.fleet import (  # noqa: E402
+    HOST,
+    Service,
+    free_port,
+    reset_caches,
+    sim_workers,
+    time_scaled_settings,
+)
 from traces.formats import load_trace  # noqa: E402
 from traces.record import TraceRequest  # noqa: E402
 from traces.replay import ReplayConfig, replay  # noqa: E402
@@ -195,11 +202,28 @@ sys.exit(main())
 """
 
 
-def start_router(workers: Sequence[str], policy: str, picklog: str) -> Service:
-    """``cache-router serve`` with ``policy`` in front of ``workers``, its picks logged."""
+def time_scaled_env(policy: str, time_scale: float) -> dict[str, str]:
+    """:func:`traces.fleet.time_scaled_settings` as the router's environment (a user's
+    ``CACHE_ROUTER_PICKER_PARAMS`` on top, unchanged)."""
+    prior, params = time_scaled_settings(policy, time_scale)
+    if prior is None:
+        return {}
+    env = {"CACHE_ROUTER_PREFILL_TOKENS_PER_S": repr(prior)}
+    if params:
+        params |= json.loads(os.environ.get("CACHE_ROUTER_PICKER_PARAMS") or "{}")
+        env["CACHE_ROUTER_PICKER_PARAMS"] = json.dumps(params)
+    return env
+
+
+def start_router(
+    workers: Sequence[str], policy: str, picklog: str, time_scale: float = 1.0
+) -> Service:
+    """``cache-router serve`` with ``policy`` in front of ``workers``, its picks logged;
+    ``time_scale``: see :func:`time_scaled_env`."""
     port = free_port()
     args = ["serve", "--host", HOST, "--port", str(port), "--policy", policy, "--worker"]
     env = {**os.environ, "LVO_BENCH_DIR": str(Path(__file__).parent), "LVO_PICKLOG": picklog}
+    env |= time_scaled_env(policy, time_scale)
     process = subprocess.Popen(
         [sys.executable, "-c", ROUTER_SHIM, *args, *workers],
         stdout=subprocess.DEVNULL,
@@ -283,7 +307,8 @@ def run_live(trace: list[TraceRequest], args: argparse.Namespace, logdir: Path) 
                 if not reset_caches(workers):
                     raise RuntimeError("sim workers refused a cache reset")
                 log = str(logdir / f"live-{policy}-salt{salt}.jsonl")
-                service = start_router(workers, policy, log)
+                scale = args.speedup if args.router_time_scale else 1.0
+                service = start_router(workers, policy, log, scale)
                 try:
                     cfg = ReplayConfig(
                         url=service.url,
@@ -949,6 +974,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="offline: a body this small is in at once when sent (socket buffers; measured "
         "here: 128, bench/ingest_window.py)",
     )
+    p.add_argument(
+        "--router-time-scale",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give the router the workers' time scale: the prefill rate's prior and ttft's "
+        "times in the workers' seconds (default: on)",
+    )
     p.add_argument("--out", default="bench/live_vs_offline", help="writes OUT.json and OUT.md")
     p.add_argument("--logs", default=None, help="folder for the pick logs (default: a tmp dir)")
     args = p.parse_args(argv)
@@ -978,6 +1010,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "policies": args.policies,
         "salts": args.salts,
         "prompt_mode": args.prompt_mode,
+        "router_time_scale": args.router_time_scale,
         "wall_s": time.perf_counter() - started,
     }
     document = {"config": config, "table": rows, "salt_groups": groups, "diagnostics": diag}

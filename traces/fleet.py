@@ -122,6 +122,48 @@ def sim_workers(
             service.stop()
 
 
+TTFT_SECONDS = (
+    "affinity_slack_s", "share_tau_s", "hopeless_s", "live_s", "balance_slack_s", "step_s",
+    "seq_s", "lora_load_s",
+)  # fmt: skip
+"""ttft's parameters that are times (the rest are ratios, weights or token counts)."""
+
+
+def time_scaled_settings(policy: str, time_scale: float) -> tuple[float | None, dict]:
+    """The router's prefill-rate prior and picker parameters for workers that run
+    ``time_scale`` times faster than real time (sim workers' ``--time-scale``): the prior
+    times it, ttft's times divided by it, so the router prices in the workers' seconds what
+    it prices offline in modelled ones. (None, {}) at 1.
+
+    Unscaled, the rate learned from compressed TTFTs climbs to its bound (4x the prior), so
+    prefills read 4x shorter while step costs, the 4 s that make a prompt hopeless and the
+    slacks stay in modelled seconds: on the agentic sample at 20x the live router moved 3-21
+    sessions a salt where the simulator at the same send times moved 3-9 (bench/RESULTS.md,
+    issue 31)."""
+    from policies.ttft import TTFTPicker
+    from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S
+
+    if time_scale == 1.0:
+        return None, {}
+    params: dict = {}
+    if policy == "ttft":
+        picker = TTFTPicker()
+        params = {k: getattr(picker, k) / time_scale for k in TTFT_SECONDS}
+        params["prefill_tokens_per_s"] = picker.prefill_tokens_per_s * time_scale
+    return DEFAULT_PREFILL_TOKENS_PER_S * time_scale, params
+
+
+def time_scaled_router_args(policy: str, time_scale: float) -> list[str]:
+    """:func:`time_scaled_settings` as ``cache-router serve`` flags."""
+    prior, params = time_scaled_settings(policy, time_scale)
+    if prior is None:
+        return []
+    args = ["--prefill-tokens-per-s", repr(prior)]
+    for key, value in params.items():
+        args += ["--picker-param", f"{key}={value!r}"]
+    return args
+
+
 @contextlib.contextmanager
 def router(
     workers: Sequence[str], policy: str, extra_args: Sequence[str] = ()

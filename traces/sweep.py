@@ -34,7 +34,7 @@ import httpx
 
 from policies.registry import PICKER_NAMES
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
-from traces.fleet import reset_caches, router, scrape, sim_workers
+from traces.fleet import reset_caches, router, scrape, sim_workers, time_scaled_router_args
 from traces.formats import load_trace
 from traces.record import TraceRequest
 from traces.replay import ReplayConfig, ReplayOutcome, replay
@@ -199,7 +199,8 @@ def run_sweep(
             policy_trace = (
                 build_capped_trace(trace, args.max_turns) if policy == "capped" else trace
             )
-            with router(workers, policy, extra_router) as svc:
+            scaled_args = time_scaled_router_args(policy, time_scale)
+            with router(workers, policy, [*scaled_args, *extra_router]) as svc:
                 if kv_events is not None:
                     _wait_synced(svc.url, len(workers))
                 cfg = _replay_config(args, svc.url, salt, workers)

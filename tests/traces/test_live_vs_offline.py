@@ -33,3 +33,26 @@ def test_fewer_than_two_groups_or_no_other_policy_reads_nothing(bench) -> None:
     assert bench.salt_groups(two) == ([], "")
     alone = [_row("ttft", [1.0] * 6, [0.1] * 6)]
     assert bench.salt_groups(alone) == ([], "")
+
+
+def test_the_router_is_given_the_workers_time_scale(bench, monkeypatch) -> None:
+    import json
+
+    from policies.ttft import TTFTPicker
+    from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S
+
+    monkeypatch.delenv("CACHE_ROUTER_PICKER_PARAMS", raising=False)
+    assert bench.time_scaled_env("ttft", 1.0) == {}
+    prior = float(bench.time_scaled_env("unified", 5.0)["CACHE_ROUTER_PREFILL_TOKENS_PER_S"])
+    assert prior == DEFAULT_PREFILL_TOKENS_PER_S * 5
+    assert "CACHE_ROUTER_PICKER_PARAMS" not in bench.time_scaled_env("unified", 5.0)
+    params = json.loads(bench.time_scaled_env("ttft", 5.0)["CACHE_ROUTER_PICKER_PARAMS"])
+    default = TTFTPicker()
+    assert params["hopeless_s"] == pytest.approx(default.hopeless_s / 5)
+    assert params["step_s"] == pytest.approx(default.step_s / 5)
+    assert params["prefill_tokens_per_s"] == pytest.approx(default.prefill_tokens_per_s * 5)
+    assert "affinity_margin" not in params  # a ratio: the same at any time scale
+    TTFTPicker(**params)  # every key is one of ttft's parameters
+    monkeypatch.setenv("CACHE_ROUTER_PICKER_PARAMS", '{"affinity_margin": 1.0, "live_s": 7}')
+    params = json.loads(bench.time_scaled_env("ttft", 5.0)["CACHE_ROUTER_PICKER_PARAMS"])
+    assert params["affinity_margin"] == 1.0 and params["live_s"] == 7  # the user's, on top

@@ -102,3 +102,19 @@ def test_demo_live_runs_the_six_policies(tmp_path: Path, capsys):
         assert entry["errors"] == 0 and entry["requests"] > 0 and entry["hit_rate"] > 0
     # the workload rewards cache affinity: sticky beats the cache-blind load_only
     assert doc["policies"]["sticky"]["hit_rate"] > doc["policies"]["load_only"]["hit_rate"]
+
+
+def test_a_router_in_front_of_time_scaled_workers_prices_in_their_seconds():
+    from policies.ttft import TTFTPicker
+    from traces.fleet import time_scaled_router_args
+
+    assert time_scaled_router_args("ttft", 1.0) == []
+    assert time_scaled_router_args("unified", 20.0) == ["--prefill-tokens-per-s", "300000.0"]
+    args = build_parser().parse_args(
+        ["serve", "--worker", "http://127.0.0.1:1", *time_scaled_router_args("ttft", 20.0)]
+    )
+    params = dict(args.picker_params)
+    picker = TTFTPicker(**params)  # what serve builds from them
+    assert picker.hopeless_s == pytest.approx(TTFTPicker().hopeless_s / 20)
+    assert picker.prefill_tokens_per_s == pytest.approx(TTFTPicker().prefill_tokens_per_s * 20)
+    assert args.prefill_tokens_per_s == pytest.approx(300_000.0)
