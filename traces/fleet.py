@@ -137,7 +137,7 @@ def time_scaled_settings(policy: str, time_scale: float) -> tuple[float | None, 
 
     Unscaled, the rate learned from compressed TTFTs climbs to its bound (4x the prior), so
     prefills read 4x shorter while step costs, the 4 s that make a prompt hopeless and the
-    slacks stay in modelled seconds: on the agentic sample at 20x the live router moved 3-21
+    slacks stay in modelled seconds: on the agentic sample at 5x the live router moved 4-19
     sessions a salt where the simulator at the same send times moved 3-9 (bench/RESULTS.md,
     issue 31)."""
     from policies.ttft import TTFTPicker
