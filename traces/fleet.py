@@ -31,9 +31,28 @@ HOST = "127.0.0.1"
 
 
 def free_port() -> int:
+    """A free port on HOST whose KV-event ports (the offsets ``serve`` looks at) are free
+    too: a sim worker publishing there failed to bind now and then, a neighbour's
+    ephemeral port already on it."""
+    port = 0
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if all(_bindable(port + k) for k in (KV_EVENTS_PORT_OFFSET, KV_EVENTS_REPLAY_OFFSET)):
+            break
+    return port
+
+
+def _bindable(port: int) -> bool:
+    if port > 65535:
+        return False
     with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
