@@ -82,8 +82,9 @@ class WorkerState:
     rate: PrefillRate = field(default_factory=PrefillRate)
     footprint: SessionFootprint = field(default_factory=SessionFootprint)
     adapters: AdapterSlots = field(default_factory=AdapterSlots)  # its LoRA slots, as booked
-    # bookings whose prefill is pending, oldest first (released ones are dropped lazily),
-    # and when the last first token came (the next one's prefill began then at the latest)
+    # bookings whose prefill is pending, oldest first (a release drops the released ones at
+    # the head, so the head is always pending), and when the last first token came (the next
+    # one's prefill began then at the latest)
     prefill_queue: deque[Booking] = field(default_factory=deque, repr=False)
     prefill_since: float = 0.0
 
@@ -98,8 +99,6 @@ class WorkerState:
         and moved, recomputing its prefix elsewhere (issue 31).
         """
         queue = self.prefill_queue
-        while queue and queue[0].prefill_released:
-            queue.popleft()
         pending = self.pending_prefill_tokens
         if not queue:
             return pending
@@ -265,7 +264,11 @@ class Booking:
     def _release_prefill(self) -> None:
         if not self.prefill_released:
             self.prefill_released = True
-            self.worker.pending_prefill_tokens -= self.new_prefill
+            worker = self.worker
+            worker.pending_prefill_tokens -= self.new_prefill
+            queue = worker.prefill_queue  # bounded by the bookings in flight, whatever picker
+            while queue and queue[0].prefill_released:
+                queue.popleft()
 
     def finish(self) -> bool:
         """Release everything still held; True the first time, False afterwards."""
