@@ -36,7 +36,7 @@ def _command_modules() -> list:
         "router.epp.server",
         "traces.cli",
         "traces.simulate",
-        "traces.sim_worker",
+        "traces.sim_worker.server",
         "traces.sweep",
     ]
     modules = []

@@ -1,7 +1,7 @@
 """A disaggregated request's KV transfer, prefill worker to decode worker: its cost, its options.
 
 One model for the offline simulator (:class:`traces.simulator.SimConfig`) and the sim worker
-(:class:`traces.sim_worker_pd.PdConfig`), which both carry the three fields below:
+(:class:`traces.sim_worker.pd.PdConfig`), which both carry the three fields below:
 ``kv_transfer_latency_s + tokens * kv_bytes_per_token / (kv_transfer_gbps * 1e9)`` seconds for
 the prompt tokens the decode worker does not hold. Defaults: 2 ms, 25 GB/s (an RDMA link) and
 128 KiB a token (an 8B model: 32 layers x 8 KV heads x 128 x 2 x bf16).

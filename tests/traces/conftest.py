@@ -21,7 +21,7 @@ import uvicorn
 
 from traces.formats import load_trace
 from traces.record import TraceRequest
-from traces.sim_worker import SimWorkerConfig, create_app
+from traces.sim_worker.server import SimWorkerConfig, create_app
 
 SHARED = Path(__file__).parents[2].parent / "shared" / "traces"
 BENCH = Path(__file__).parents[2] / "bench"

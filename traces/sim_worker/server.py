@@ -37,10 +37,10 @@ cached itself), then runs with no prompt compute (``SimRequest.kv_transferred``)
 without its role's fields is a 400, a failed transfer a 503; ``/metrics`` adds
 ``sim:kv_transfers_total{direction}``, ``sim:kv_transfer_tokens_total{direction}`` and
 ``sim:kv_transfer_failures_total``; ``/server_info`` gives ``disaggregation_mode``. See
-:mod:`traces.sim_worker_pd`.
+:mod:`traces.sim_worker.pd`.
 
 The engine that runs the model in real time, and the metrics, are in
-:mod:`traces.sim_worker_engine`; request parsing and bodies in :mod:`traces.sim_worker_api`.
+:mod:`traces.sim_worker.engine`; request parsing and bodies in :mod:`traces.sim_worker.api`.
 
 Not simulated: request abort (a client that disconnects leaves its request running to the
 end, holding its blocks), sampling, logprobs, n > 1, batched prompts.
@@ -73,7 +73,7 @@ from traces import kv_transfer
 from traces.kv_event_publisher import KVEventPublisher, PublisherConfig, config_from_json
 from traces.kv_event_wire import FLAVORS, Flavor
 from traces.record import BLOCK_TOKENS
-from traces.sim_worker_api import (
+from traces.sim_worker.api import (
     ApiError,
     GenRequest,
     Reply,
@@ -83,7 +83,7 @@ from traces.sim_worker_api import (
     parse_generate,
     parse_tokenize,
 )
-from traces.sim_worker_engine import (
+from traces.sim_worker.engine import (
     Handle,
     LoraCollector,
     RealTimeWorker,
@@ -91,7 +91,7 @@ from traces.sim_worker_engine import (
     VllmCollector,
     WorkerUnavailable,
 )
-from traces.sim_worker_pd import (
+from traces.sim_worker.pd import (
     DEFAULT_BOOTSTRAP_PORT,
     ROLES,
     Disaggregation,
@@ -99,7 +99,7 @@ from traces.sim_worker_pd import (
     PdCollector,
     PdConfig,
 )
-from traces.sim_worker_responses import ResponsesApi, transcriptions
+from traces.sim_worker.responses import ResponsesApi, transcriptions
 from traces.worker_model import WorkerModelConfig, add_model_options, model_config_from_args
 
 
@@ -366,7 +366,7 @@ def create_app(config: SimWorkerConfig | None = None) -> Starlette:
     """The ASGI app of one simulated worker (``app.state.worker`` is its RealTimeWorker;
     ``app.state.kv_events`` its KV event publisher or None, closed at shutdown, or by the
     caller when it runs the app without lifespan; ``app.state.pd`` its
-    :class:`traces.sim_worker_pd.Disaggregation`: a SGLang prefill binds its bootstrap
+    :class:`traces.sim_worker.pd.Disaggregation`: a SGLang prefill binds its bootstrap
     socket here, serves it from the first request or the lifespan's startup, and closes it
     at shutdown, or ``app.state.pd.close()`` by the caller)."""
     config = config or SimWorkerConfig()
@@ -440,7 +440,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sim-worker",
         help="run a simulated OpenAI-compatible worker (real radix KV cache, batching model)",
         description="The simulator's worker model as an HTTP server with vLLM's API and "
-        "metrics and SGLang's /generate. See traces/sim_worker.py and traces/worker_model.py.",
+        "metrics and SGLang's /generate. See traces/sim_worker/ and traces/worker_model.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -507,7 +507,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "serve one side of PD serving, in the protocol of --flavor: vllm is the "
         "NixlConnector's (kv_transfer_params; a decode pulls from the prefill's "
         "POST /sim/kv_pull), sglang is mini_lb's (bootstrap_host/port/room; a decode polls "
-        "GET /sim/room/{room} on the prefill's bootstrap port). See traces/sim_worker_pd.py.",
+        "GET /sim/room/{room} on the prefill's bootstrap port). See traces/sim_worker/pd.py.",
     )
     g.add_argument(
         "--role",

@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from traces.record import BLOCK_TOKENS
-from traces.sim_worker_api import FINISH_REASON
+from traces.sim_worker.api import FINISH_REASON
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from router.proxy.parse import form_model
-from traces.sim_worker_api import ApiError, chat_text, output_tokens, prompt_from_text
-from traces.sim_worker_engine import RealTimeWorker, WorkerUnavailable
+from traces.sim_worker.api import ApiError, chat_text, output_tokens, prompt_from_text
+from traces.sim_worker.engine import RealTimeWorker, WorkerUnavailable
 
 DEFAULT_MAX_OUTPUT_TOKENS = 16
 EMBEDDING_DIM = 8

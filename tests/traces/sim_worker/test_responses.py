@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from traces.sim_worker import SimWorkerConfig
+from traces.sim_worker.server import SimWorkerConfig
 from traces.worker_model import WorkerModelConfig
 
 SYSTEM = "Answer in one word. " * 120  # several 512-token blocks

@@ -27,8 +27,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from traces.fleet import free_port
-from traces.sim_worker import SimWorkerConfig, add_parser, config_from_args
-from traces.sim_worker_pd import PdConfig
+from traces.sim_worker.pd import PdConfig
+from traces.sim_worker.server import SimWorkerConfig, add_parser, config_from_args
 from traces.worker_model import WorkerModelConfig
 
 SCALE = 50.0
@@ -372,7 +372,7 @@ def test_options_and_config() -> None:
 
 def test_command_prints_its_bootstrap_port() -> None:
     """``--disaggregation-bootstrap-port 0``: a free port, printed; the listener serves."""
-    root = Path(__file__).parents[2]
+    root = Path(__file__).parents[3]
     port = free_port()
     cmd = [sys.executable, "-m", "router.cli", "sim-worker", "--port", str(port),
            "--flavor", "sglang", "--role", "prefill", "--disaggregation-bootstrap-port", "0",

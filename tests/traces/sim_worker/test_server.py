@@ -26,8 +26,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from traces.sim_worker import SimWorkerConfig
-from traces.sim_worker_api import text_token_ids
+from traces.sim_worker.api import text_token_ids
+from traces.sim_worker.server import SimWorkerConfig
 from traces.worker_model import WorkerModelConfig
 
 SCALE = 50.0  # model seconds per real second
@@ -412,7 +412,7 @@ def test_command_starts_a_worker() -> None:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    root = Path(__file__).parents[2]
+    root = Path(__file__).parents[3]
     cmd = [sys.executable, "-m", "router.cli", "sim-worker", "--port", str(port),
            "--time-scale", "100", "--kv-capacity-tokens", "8192", "--model-name", "m2",
            "--log-level", "warning"]  # fmt: skip

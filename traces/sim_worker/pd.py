@@ -53,8 +53,8 @@ from prometheus_client.registry import Collector
 from router.cache.lora import adapter_blocks
 from traces import kv_transfer
 from traces.record import BLOCK_TOKENS
-from traces.sim_worker_api import ApiError, GenRequest
-from traces.sim_worker_engine import RealTimeWorker
+from traces.sim_worker.api import ApiError, GenRequest
+from traces.sim_worker.engine import RealTimeWorker
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The simulated worker's wire format: request parsing and OpenAI / SGLang response bodies.
 
-Pure functions, no I/O, so the HTTP layer (:mod:`traces.sim_worker`) stays a thin shell and
+Pure functions, no I/O, so the HTTP layer (:mod:`traces.sim_worker.server`) stays a thin shell and
 every field can be tested without a server.
 
 Prompts become *blocks* the way the router sees them:
