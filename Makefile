@@ -81,20 +81,22 @@ image-steps: venv
 	timeout 180 bash deploy/check_image_steps.sh
 
 bench: venv
-	$(BIN)/python bench/micro.py
+	$(BIN)/python bench/micro/micro.py
 
 # Live against offline, each policy's TTFT p50/p90 and hit rate side by side, rankings that
-# flip flagged (bench/live_vs_offline.py; about 25 minutes on 2 cores for the four presets).
-# Offline with the router's reading of bodies as measured here (bench/ingest_window.py); the
-# agentic presets with 9 salts (7 s a run), where 3 leave the ranking to chance.
+# flip flagged (bench/live_vs_offline/; about 25 minutes on 2 cores for the four presets).
+# Offline with the router's reading of bodies as measured here (bench/live_vs_offline/
+# ingest_window.py); the agentic presets with 9 salts (7 s a run), where 3 leave the ranking
+# to chance. The recorded runs are bench/results/live_vs_offline-PRESET.{json,md}.
+LIVE_CHECK := bench/live_vs_offline/live_vs_offline.py
 LIVE_CHECK_INGEST := --ingest-mb-per-s 100 --ingest-window-kb 128
 live-check: venv
 	for preset in agentic agentic-8; do \
-		$(BIN)/python bench/live_vs_offline.py --preset $$preset --salts 9 $(LIVE_CHECK_INGEST) \
+		$(BIN)/python $(LIVE_CHECK) --preset $$preset --salts 9 $(LIVE_CHECK_INGEST) \
 			--out out/live_check/$$preset || exit 1; \
 	done
 	for preset in conversation conversation-20x; do \
-		$(BIN)/python bench/live_vs_offline.py --preset $$preset $(LIVE_CHECK_INGEST) \
+		$(BIN)/python $(LIVE_CHECK) --preset $$preset $(LIVE_CHECK_INGEST) \
 			--out out/live_check/$$preset || exit 1; \
 	done
 

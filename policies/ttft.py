@@ -28,7 +28,7 @@ worker ``i`` in seconds:
   began, at ``rate_i`` (:meth:`router.cache.worker_state.WorkerState.prefill_left`; the
   clock is the latest booking anywhere). Counted whole until its first token, a long prompt
   half done read twice its wait, and sessions behind it moved and recomputed their prefix
-  elsewhere (issue 31): over the 26 configurations of bench/affinity_margin.py, TTFT p90
+  elsewhere (issue 31): over the 26 configurations of bench/pickers/affinity_margin.py, TTFT p90
   -1.4% and hit rate +0.3 points with it.
 - ``rate_i`` is the worker's effective prefill rate, learned online from observed time to
   first token and reported cached tokens (:class:`router.cache.workload.PrefillRate`, seeded
@@ -84,11 +84,8 @@ worker ``i`` in seconds:
 - Affinity: a session stays on the worker it was last sent to while that worker's cost is
   within ``affinity_margin`` (relative) plus ``affinity_slack_s`` of the best; the estimate is
   noisy and every move duplicates the session's prefix on a second worker. The margin is
-  0.5: against 0.1, over 26 offline configurations (bench/affinity_margin.py: the Weka sample
-  on 3-8 workers in send and read order; the conversation sample, Mooncake's conversation
-  and synthetic traces on 4 and 8 workers at three loads) TTFT p50 -4% and p90 -0.8%
-  (geometric means; the worst cell +3%), hit rate +1.1 points; live, the agentic preset (9
-  salts) hit rate 72.4% -> 73.1% at the same p90 (bench/RESULTS.md, issue 31).
+  0.5, chosen against 0.1 over 26 offline configurations of traces, fleet sizes and loads
+  (bench/pickers/affinity_margin.py; the figures: docs/bench-history.md, issue 31).
 - Adapter affinity: a LoRA request that does not stay on its session's worker goes to the
   cheapest healthy worker where its adapter is resident and not blocked (no slot to wait
   for) while that worker's cost is within ``adapter_slack_s`` (plus ``adapter_margin``,

@@ -23,7 +23,7 @@ the others need to know, in the background:
   its prefill and decode tokens and the peer's booking count, and the snapshot says how many
   bookings it counts, so a booking's load is added once, until the snapshot that holds it.
   Without this, bursts split over two replicas went to the same worker, each replica blind
-  to the other's last ~30 ms (bench/scale_replay.py).
+  to the other's last ~30 ms (bench/scale_out/scale_replay.py).
 - **Response owners** (:mod:`router.fleet.response_owners`): the worker that stored each
   Responses API response goes out with the next flush as a key of its own (``SET``, expiring
   after ``RESPONSE_OWNER_TTL_S``); an id a replica does not know is read from there (``GET``,

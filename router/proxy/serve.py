@@ -215,7 +215,7 @@ def tune_gc() -> None:
     collection walks, stalling the event loop for tens of ms; refcounting frees nearly all
     of the hot path's garbage anyway. Freezing the startup heap and a larger generation-0
     threshold cut the p99 latency at concurrency 32 from ~25-45 ms to ~10-13 ms in
-    bench/proxy_peer.sh, at the same throughput (bench/RESULTS.md).
+    bench/proxy/proxy_peer.sh, at the same throughput (bench/RESULTS.md).
     """
     import gc
 

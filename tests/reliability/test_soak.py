@@ -1,9 +1,10 @@
-"""A short run of bench/soak.py (slow suite): sim workers and a router as processes, random
-client disconnects at every point, one worker killed and restarted mid-run. The bar: no
-counter or pin left, no request lost that had not started streaming, the router serves.
+"""A short run of bench/reliability/soak.py (slow suite): sim workers and a router as
+processes, random client disconnects at every point, one worker killed and restarted mid-run.
+The bar: no counter or pin left, no request lost that had not started streaming, the router
+serves.
 
 The long runs (10,000 requests with two kills; 10 minutes at concurrency 64 with RSS) are
-recorded in bench/RESULTS.md ("reliability")."""
+recorded in bench/RESULTS.md and docs/bench-history.md ("reliability")."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
+SOAK = Path(__file__).resolve().parents[2] / "bench" / "reliability" / "soak.py"
 
 
 @pytest.mark.slow

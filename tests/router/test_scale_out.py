@@ -2,7 +2,7 @@
 haproxy (TCP, round-robin), replaying the bundled conversation sample against sim workers.
 
 - two replicas behind haproxy, and ``serve --processes 2``, keep one router's true hit rate
-  (the workers' own counters; guarded at 0.90x here, measured by bench/scale_replay.py);
+  (the workers' own counters; guarded at 0.90x here, measured by bench/scale_out/scale_replay.py);
   without sharing the loss is printed (not asserted);
 - a replica killed mid-replay: the other serves on, only requests it was streaming are lost
   (the client sends again what had not started, as the OpenAI SDK does), its load leaves the
@@ -40,7 +40,7 @@ from traces.formats import load_trace
 from traces.replay import ReplayConfig, ReplayOutcome, replay
 
 CONVERSATION = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
-BENCH = Path(__file__).parents[2] / "bench" / "scale_replay.py"
+BENCH = Path(__file__).parents[2] / "bench" / "scale_out" / "scale_replay.py"
 _spec = importlib.util.spec_from_file_location("scale_replay", BENCH)
 scale_replay = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(scale_replay)
@@ -108,7 +108,7 @@ def report(name: str, rows: dict[str, dict]) -> None:
 def test_replicas_and_processes_route_like_one_router():
     """Two replicas behind haproxy and ``--processes 2``, each run twice interleaved with one
     router, route like it. The bars (hit rate >= 0.95x, TTFT p90 <= 1.1x) are measured by
-    bench/scale_replay.py over 8 runs (bench/RESULTS.md). This guards against losing the
+    bench/scale_out/scale_replay.py over 8 runs (bench/RESULTS.md). This guards against losing the
     sharing, which gives hit 0.60-0.68x of one router. Single replays on this 2-core machine
     span 0.109-0.148 in hit rate (shared) and 0.127-0.153 (one router), so the ratio of two
     2-run means has a spread of about 0.065: at 0.90x a configuration that routes like one

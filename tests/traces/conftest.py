@@ -49,12 +49,13 @@ def shared() -> Callable[[str], Path]:
 
 @pytest.fixture(scope="session")
 def bench_module() -> Callable[[str], ModuleType]:
-    """``bench_module(name)``: bench/NAME.py loaded as module NAME (registered in
-    sys.modules, where dataclasses look their module up); the sys.path entries the script
-    adds for its own imports are taken back."""
+    """``bench_module("SUBJECT/NAME")``: bench/SUBJECT/NAME.py loaded as module NAME
+    (registered in sys.modules, where dataclasses look their module up); the sys.path entries
+    the script adds for its own imports are taken back."""
 
-    def load(name: str) -> ModuleType:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    def load(path: str) -> ModuleType:
+        name = Path(path).name
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{path}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         before = list(sys.path)

@@ -1,4 +1,5 @@
-"""bench/live_vs_offline.py's reading of its salts in groups of three (issue 31's statistic)."""
+"""bench/live_vs_offline/live_vs_offline.py's reading of its salts in groups of three
+(issue 31's statistic)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def bench(bench_module):
-    return bench_module("live_vs_offline")
+    return bench_module("live_vs_offline/live_vs_offline")
 
 
 def _row(policy: str, p90: list[float], hit: list[float]) -> dict:

@@ -1,4 +1,4 @@
-"""bench/lora_partition.py's partition picker: a new session goes to its adapter's home."""
+"""bench/models/lora_partition.py's partition picker: a new session goes to its adapter's home."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).parents[2]
 
 @pytest.fixture(scope="module")
 def bench(bench_module):
-    return bench_module("lora_partition")
+    return bench_module("models/lora_partition")
 
 
 def test_strict_partition_sends_each_new_session_to_its_adapters_home(bench) -> None:

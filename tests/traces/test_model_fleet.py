@@ -1,4 +1,4 @@
-"""bench/model_fleet.py, small: two models (one with LoRA adapters) behind one router vs one
+"""bench/models/model_fleet.py, small: two models (one with LoRA adapters) behind one router vs one
 router per model, live sim workers and routers on 127.0.0.1."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def bench(bench_module):
-    return bench_module("model_fleet")
+    return bench_module("models/model_fleet")
 
 
 def test_a_mixed_fleet_routes_by_model_and_keeps_each_models_hit_rate(bench) -> None:

@@ -4,8 +4,8 @@ reference counting alone.
 Why it matters: `cache-router serve` tunes the garbage collector down (router/proxy/serve.py:
 frozen startup heap, rare collections), so a cycle formed by a long-lived object, such as a
 keep-alive connection to a worker, lands in the oldest generation and is practically never
-collected. The 10-minute soak (bench/soak.py) found exactly that: every upstream connection
-the router aborted when a client hung up stayed in memory (the connection and its HTTP
+collected. The 10-minute soak (bench/reliability/soak.py) found exactly that: every upstream
+connection the router aborted when a client hung up stayed in memory (the connection and its HTTP
 parser referenced each other), ~1 MB a minute at 13 disconnects a second; and a connect
 cancelled just after it succeeded (a client gone that early) left the socket open until a
 collection, since uvloop then never calls ``connection_lost``.
