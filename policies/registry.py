@@ -12,15 +12,20 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from policies.aibrix import AIBrixPicker
 from policies.base import Picker
 from policies.capped import CappedPicker
 from policies.decode_load import DecodeLoadPicker
+from policies.dynamo import DynamoPicker
+from policies.llmd import LLMDPicker
+from policies.llmd_precise import LLMDPrecisePicker
 from policies.lmetric import LMetricPicker
 from policies.load_only import LoadOnlyPicker
 from policies.power_of_two import PowerOfTwoPicker
 from policies.random_choice import RandomPicker
 from policies.round_robin import RoundRobinPicker
 from policies.sglang_cache_aware import SGLangCacheAwarePicker
+from policies.smg import SMGCacheAwarePicker
 from policies.sticky import StickyPicker
 from policies.ttft import TTFTPicker
 from policies.unified import UnifiedPicker
@@ -39,6 +44,11 @@ PICKERS: dict[str, Callable[..., Picker]] = {
         PowerOfTwoPicker,
         SGLangCacheAwarePicker,
         DecodeLoadPicker,
+        LLMDPicker,
+        LLMDPrecisePicker,
+        DynamoPicker,
+        SMGCacheAwarePicker,
+        AIBrixPicker,
     )
 }
 

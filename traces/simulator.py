@@ -477,6 +477,7 @@ def simulate(
             session_id=req.session_id,
             tokens=keys_as_tokens(req.blocks) if radix or events is not None else None,
             model=req.model,
+            arrival=arrival,
         )
         adapter = req.model if req.model not in (None, config.base_model) else None
         if adapter is not None:

@@ -52,6 +52,10 @@ class BlockLRU:
         """Blocks currently pinned by at least one in-flight request."""
         return len(self._pins) - len(self._lru)
 
+    def is_pinned(self, block: int) -> bool:
+        """Whether an in-flight request holds ``block`` (the active set some peers price)."""
+        return self._pins.get(block, 0) > 0
+
     def match_blocks(self, blocks: Iterable[int]) -> int:
         """Number of leading ``blocks`` present (stops at the first miss)."""
         return len(list(takewhile(self._contains, blocks)))

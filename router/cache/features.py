@@ -16,6 +16,9 @@ class RequestFeatures:
     ``tokens`` (uint32 little-endian bytes) is present when the caller has exact token ids.
     ``model`` is the model the request names (None: any worker's); ``adapter`` is set when
     that model is a LoRA adapter, whose blocks are its own (:mod:`router.cache.lora`).
+    ``arrival`` is when the request reached the router on the clock its bookings use (the
+    simulator's virtual seconds); None: now, ``time.monotonic()``. Pickers whose state expires
+    (the peers' TTL'd indexes) read it.
     """
 
     blocks: Sequence[int]
@@ -25,3 +28,4 @@ class RequestFeatures:
     block_size: int = 512
     model: str | None = None
     adapter: str | None = None
+    arrival: float | None = None

@@ -25,6 +25,11 @@ def test_names():
         "power_of_two",
         "sglang_cache_aware",
         "decode_load",
+        "llmd",
+        "llmd_precise",
+        "dynamo",
+        "smg",
+        "aibrix",
     }
 
 
