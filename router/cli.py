@@ -38,6 +38,7 @@ def _command_modules() -> list:
         "traces.simulate",
         "traces.sim_worker.server",
         "traces.sweep",
+        "traces.capacity_cmd",
     ]
     modules = []
     for name in names:

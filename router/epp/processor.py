@@ -6,16 +6,23 @@ with the endpoint to send it to; Envoy moves the bytes. The decisions are the ro
 (:class:`~router.proxy.routing.RouterCore`, the same object ``serve`` forwards with), so
 reading, picking, booking, learning and releasing are ``serve``'s own:
 
-- request headers: the path, method, session header, content type; a request without a
-  body (a call on a stored response) is routed at once;
+- request headers: the path, method, session header, content type; a routed path is
+  admitted as ``serve`` admits it (in flight from here to its end, 429 past
+  ``max_inflight``); a request without a body (a call on a stored response) is routed at
+  once; ``GET /v1/models`` is answered here with ``serve``'s merged list of the fleet;
 - request body (``BUFFERED``: one message; ``FULL_DUPLEX_STREAMED``: pieces, gathered to
-  the end, then sent back unchanged): parsed, picked (within the gateway's subset hint,
-  ``envoy.lb.subset_hint``), booked; the answer sets ``x-gateway-destination-endpoint:
-  ip:port`` and the dynamic metadata ``envoy.lb`` / ``x-gateway-destination-endpoint`` (the
-  pick, then fallbacks for the gateway's retries). Bad bodies, unknown models, no healthy
-  worker, an empty or all-ineligible subset: an ImmediateResponse with ``serve``'s status
-  and OpenAI-style JSON error;
-- response headers: the worker's status (a 5xx counts against it, as in ``serve``);
+  the end, 413 and dropped past ``max_body_bytes``, then sent back unchanged): parsed,
+  picked (within the gateway's subset hint, ``envoy.lb.subset_hint``), booked; the answer
+  sets ``x-gateway-destination-endpoint: ip:port`` and the dynamic metadata ``envoy.lb`` /
+  ``x-gateway-destination-endpoint`` (the pick, then fallbacks for the gateway's retries).
+  Bad bodies, unknown models, no healthy worker, an empty or all-ineligible subset: an
+  ImmediateResponse with ``serve``'s status and OpenAI-style JSON error. A stream routes
+  once: request headers or body after the body ended (no gateway sends them) are a 400
+  ``invalid_stream``;
+- an ImmediateResponse ends the stream (Envoy sends nothing more on it after one): what it
+  held is released then, and the stream is closed;
+- response headers: the worker's status (a 5xx counts against it, as in ``serve``; one
+  that is not a status, as an unreadable answer: a 502);
 - response body (``STREAMED`` or ``FULL_DUPLEX_STREAMED``; ``NONE`` sends none): the first
   piece ends the prefill, the cached tokens it reports are scored and fed back, a stored
   response's id is learned;
@@ -28,6 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+import orjson
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -37,17 +45,19 @@ from google.protobuf import struct_pb2
 from router.cache.worker_state import Booking
 from router.epp.endpoints import Endpoints
 from router.fleet.pool import Worker
+from router.proxy.admin import fleet_models
 from router.proxy.errors import (
     RETRY_AFTER,
     RETRY_STATUSES,
     BadRequest,
     NotFound,
+    PayloadTooLarge,
     RouterError,
     ServiceUnavailable,
 )
 from router.proxy.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
 from router.proxy.routing import Routed, RouterCore
-from router.proxy.usage import UsageReader
+from router.proxy.usage import ResponseIdReader, UsageReader
 
 log = logging.getLogger("cache_router.epp")
 
@@ -60,6 +70,8 @@ FALLBACKS = 2  # endpoints after the pick, for the gateway's retries
 _BodyMode = processing_mode_pb2.ProcessingMode.BodySendMode
 FULL_DUPLEX = _BodyMode.Value("FULL_DUPLEX_STREAMED")
 _CONTINUE = pb.CommonResponse()
+MODELS_PATH = "/v1/models"
+UNREADABLE_STATUS = 502  # a response ``:status`` that is no HTTP status: an unreadable answer
 
 
 def routed_kind(method: str, path: str) -> str | None:
@@ -88,6 +100,12 @@ class RequestStream:
         self.duplex_request = False
         self.duplex_response = False
         self.body: list[bytes] = []
+        self.body_size = 0
+        self.headers_seen = False
+        self.body_ended = False  # the request is whole: nothing more may route it
+        self.admitted = False  # counted in flight (core.admit), until left once
+        self.over = False  # an ImmediateResponse went: the stream is closed
+        self.ended = False
         self.routed: Routed | None = None
         self.worker: Worker | None = None
         self.booking: Booking | None = None
@@ -95,20 +113,27 @@ class RequestStream:
         self.status_label = "cancelled"  # what the end of the stream counts, unless answered
         self.first = True
         self.reader: UsageReader | None = None
-        self.learn = False
+        self.learn: ResponseIdReader | None = None  # reads the id of a stored response
 
     # ---- the stream --------------------------------------------------------------------
 
     async def run(self, messages: AsyncIterator[pb.ProcessingRequest]) -> AsyncIterator:
-        """Answer each message; release whatever is held when the stream ends."""
+        """Answer each message; release whatever is held when the stream ends. After an
+        ImmediateResponse the stream is over: closed, later messages never read."""
         try:
             async for message in messages:
                 for answer in await self.on_message(message):
                     yield answer
+                if self.over:
+                    return
         finally:
             self.end()
 
     async def on_message(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        """The answers to one message; an error is the gateway's ImmediateResponse, which
+        ends the stream."""
+        if self.over:
+            return []
         which = message.WhichOneof("request")
         try:
             if which == "request_headers":
@@ -124,15 +149,25 @@ class RequestStream:
             if which == "response_trailers":
                 return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
         except RouterError as error:
-            if self.routed is None:
-                self.core.unrouted(self.kind or "other", str(error.status))
-            return [immediate(error)]
+            return [self.refuse(error)]
         except Exception:  # a bug, or a message no gateway sends: answer, never crash
             log.exception("unexpected error on an ext_proc %s message", which)
-            return [immediate(RouterError("internal error in the endpoint picker"))]
+            return [self.refuse(RouterError("internal error in the endpoint picker"))]
         return []
 
+    def refuse(self, error: RouterError) -> pb.ProcessingResponse:
+        """The gateway answers ``error`` itself and the stream is over: a request no worker
+        was booked for counts as unrouted (once: nothing follows), a booking is released."""
+        if self.booking is None:
+            self.core.unrouted(self.kind or "other", str(error.status))
+        self.over = True
+        self.end("cancelled")
+        return immediate(error)
+
     async def on_request_headers(self, message: pb.ProcessingRequest) -> list:
+        if self.headers_seen:  # no gateway sends them twice: never a second route
+            raise BadRequest("the request headers came twice", code="invalid_stream")
+        self.headers_seen = True
         config = message.protocol_config
         self.duplex_request = config.request_body_mode == FULL_DUPLEX
         self.duplex_response = config.response_body_mode == FULL_DUPLEX
@@ -151,48 +186,76 @@ class RequestStream:
                 self.content_type = value
         self.kind = routed_kind(self.method, self.path)
         if self.kind is None:
+            if self.method == "GET" and self.path == MODELS_PATH:
+                return [await self.models()]
             raise NotFound(f"no route for {self.method} {self.path}")
+        self.core.admit()  # 429 past max_inflight, before the body is read
+        self.admitted = True
         if headers.end_of_stream:  # no body: route now
+            self.body_ended = True
             return [await self.route(b"", "request_headers")]
         if self.duplex_request:
             return []  # the header answer waits for the body (it carries the pick)
         return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=_CONTINUE))]
 
+    async def models(self) -> pb.ProcessingResponse:
+        """``serve``'s ``GET /v1/models``: the fleet's models, answered by the gateway."""
+        listed = orjson.dumps(await fleet_models(self.core.pool))
+        self.over = True
+        return immediate_response(200, listed, "models")
+
     async def on_request_body(self, body: pb.HttpBody) -> list:
-        self.body.append(body.body)
+        if self.kind is None:  # no gateway sends this; answer it all the same
+            raise BadRequest("a request body came before its headers", code="invalid_stream")
+        if self.body_ended:  # routed already: a stream routes (and books) once
+            raise BadRequest("a request body came after its end", code="invalid_stream")
+        self.gather(body.body)
         if not body.end_of_stream:
             return []
+        self.body_ended = True
         raw = b"".join(self.body)
         self.body = []
         if not self.duplex_request:
             return [await self.route(raw, "request_body")]
         # full duplex: the pick in the header answer, then the body sent back as it came
         answer = await self.route(raw, "request_headers")
-        if answer.WhichOneof("response") == "immediate_response":
-            return [answer]
         streamed = pb.StreamedBodyResponse(body=raw, end_of_stream=True)
         mutation = pb.BodyMutation(streamed_response=streamed)
         body_answer = pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
         return [answer, pb.ProcessingResponse(request_body=body_answer)]
 
+    def gather(self, piece: bytes) -> None:
+        """Keep one piece of the request body; past ``max_body_bytes``, 413 and none kept
+        (as ``serve``: a full-duplex body would otherwise grow without end)."""
+        self.body_size += len(piece)
+        limit = self.core.settings.max_body_bytes
+        if self.body_size > limit:
+            self.body = []
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        self.body.append(piece)
+
     def on_response_headers(self, headers: pb.HttpHeaders) -> list:
-        for header in headers.headers.headers:
-            if header.key == ":status":
-                self.status = int(header.raw_value or header.value or 0)
-                break
+        if self.status:  # no gateway sends them twice: the worker's answer counts once
+            return [self.response_headers_answer()]
+        self.status = response_status(headers)
         routed, worker = self.routed, self.worker
         if routed is not None and worker is not None and self.status:
             self.core.answered(routed, worker, self.status)
             self.status_label = str(self.status)
-            self.learn = routed.learn_owner and self.status == 200
+            self.learn = self.core.owner_reader(routed, self.status)
             if headers.end_of_stream:
                 self.finish_response()
+        return [self.response_headers_answer()]
+
+    def response_headers_answer(self) -> pb.ProcessingResponse:
+        """Continue; the worker's URL in a header, as ``serve`` says where it went."""
         common = _CONTINUE
-        if worker is not None and self.worker_header:  # as serve says where it went
+        worker = self.worker
+        if worker is not None and self.worker_header:
             header = base_pb2.HeaderValue(key=WORKER_HEADER, raw_value=worker.url.encode())
             mutation = pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(header=header)])
             common = pb.CommonResponse(header_mutation=mutation)
-        return [pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))]
+        return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))
 
     def on_response_body(self, body: pb.HttpBody) -> list:
         data = body.body
@@ -203,8 +266,8 @@ class RequestStream:
                 booking.first_token()
                 ok = 0 < self.status < 300
                 self.reader = UsageReader(ok and routed.request.stream, False, ok)
-            if self.learn:
-                self.learn = self.core.learn_owner(data, worker)
+            if self.learn is not None:
+                self.learn = self.core.learn_owner(self.learn, data, worker)
             if self.reader is not None:
                 self.reader.feed(data, body.end_of_stream)  # read, not changed: passes as is
             if body.end_of_stream:
@@ -222,8 +285,7 @@ class RequestStream:
     async def route(self, raw: bytes, phase: str) -> pb.ProcessingResponse:
         """Parse, pick and book; the answer for ``phase`` that names the endpoint."""
         core = self.core
-        if self.kind is None:  # no gateway sends this; answer it all the same
-            raise BadRequest("a request body came before its headers", code="invalid_stream")
+        assert self.kind is not None  # on_request_headers set it, or answered
         self.routed = routed = await core.understand(
             self.kind, raw, self.session, self.method, self.path, self.content_type
         )
@@ -284,7 +346,8 @@ class RequestStream:
     # ---- the end -----------------------------------------------------------------------
 
     def finish_response(self) -> None:
-        """The response is complete: its usage read and fed back, the booking released."""
+        """The response is complete: its usage read and fed back, the booking released,
+        the request no longer in flight."""
         routed, worker, booking = self.routed, self.worker, self.booking
         if routed is None or worker is None or booking is None or booking.finished:
             return
@@ -293,16 +356,29 @@ class RequestStream:
             self.core.report(routed, worker, booking, usage)
         self.core.release(routed, worker, booking, self.status_label)
         self.core.settle(routed)
+        self.leave()
 
-    def end(self) -> None:
-        """The stream ended: release what the response did not (Envoy closed it early, the
-        client left, or the response body was not sent here)."""
+    def leave(self) -> None:
+        """No longer in flight: once, however the request ends."""
+        if self.admitted:
+            self.admitted = False
+            self.core.leave()
+
+    def end(self, unanswered: str = "client_disconnect") -> None:
+        """The stream ended (or an ImmediateResponse ended it): release what the response
+        did not (Envoy closed it early, the client left, the response body was not sent
+        here); ``unanswered``: the outcome counted when no worker status came. Once."""
+        if self.ended:
+            return
+        self.ended = True
+        self.body = []
+        self.leave()
         routed, worker, booking = self.routed, self.worker, self.booking
         if routed is None or worker is None or booking is None:
             return
         if not booking.finished:
             if not self.status:
-                self.status_label = "client_disconnect"
+                self.status_label = unanswered
             self.core.release(routed, worker, booking, self.status_label)
         self.core.settle(routed)
 
@@ -323,24 +399,41 @@ def subset_hint(message: pb.ProcessingRequest) -> list[str] | None:
     return []
 
 
+def response_status(headers: pb.HttpHeaders) -> int:
+    """The response's ``:status``; 0 when absent; one that is not three digits (no gateway
+    sends it) as an unreadable answer, a 502."""
+    for header in headers.headers.headers:
+        if header.key == ":status":
+            raw = header.raw_value or header.value.encode()
+            if len(raw) == 3 and raw.isdigit() and raw[:1] in b"12345":
+                return int(raw)
+            log.debug("response :status %r is no HTTP status: counted as a 502", raw[:16])
+            return UNREADABLE_STATUS
+    return 0
+
+
 def immediate(error: RouterError) -> pb.ProcessingResponse:
     """The gateway answers the client itself: ``serve``'s status and JSON error."""
-    headers = [
-        base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json")
-        )
-    ]
-    if error.status in RETRY_STATUSES:
+    retry = error.status in RETRY_STATUSES
+    return immediate_response(error.status, error.body(), error.code, retry)
+
+
+def immediate_response(
+    status: int, body: bytes, details: str, retry: bool = False
+) -> pb.ProcessingResponse:
+    """An ImmediateResponse: ``status`` and a JSON ``body`` (``retry``: Retry-After)."""
+    pairs = [("content-type", b"application/json")]
+    if retry:
         name, value = RETRY_AFTER
-        headers.append(
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=name.decode(), raw_value=value)
-            )
-        )
+        pairs.append((name.decode(), value))
+    headers = [
+        base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value))
+        for key, value in pairs
+    ]
     response = pb.ImmediateResponse(
-        status=http_status_pb2.HttpStatus(code=error.status),
+        status=http_status_pb2.HttpStatus(code=status),
         headers=pb.HeaderMutation(set_headers=headers),
-        body=error.body(),
-        details=error.code,
+        body=body,
+        details=details,
     )
     return pb.ProcessingResponse(immediate_response=response)

@@ -17,7 +17,9 @@ one event loop and one router core:
 Every other option is ``serve``'s (workers, discovery, picker, shadows, worker metrics, KV
 events, ``--state-url``, ``--processes``: N processes on both ports, sharing state as
 ``serve``'s do; a gateway spreads its HTTP/2 connections over them, so give it several: see
-``max_concurrent_streams`` in router/epp/envoy_config.py). SIGTERM: the health service says
+``max_concurrent_streams`` in router/epp/envoy_config.py). ``serve``'s admission limits hold
+for the gateway's requests where the gateway does not hold them itself: in flight (429), body
+size (413), open streams (503); each flag's help says how. SIGTERM: the health service says
 NOT_SERVING, new streams are refused, streams in flight get ``shutdown_timeout_s`` to finish.
 """
 
@@ -36,6 +38,23 @@ log = logging.getLogger("cache_router.epp")
 GRPC_PORT = 9002
 HTTP_PORT = 9090
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+# How serve's admission limits and client checks apply to the gateway's requests (ext_proc);
+# the HTTP port (--http-port) keeps them all, as serve's.
+LIMIT_NOTES = {
+    "max_inflight": "epp: the gateway's requests too, from their headers to their response's "
+    "end, in the same count",
+    "max_body_bytes": "epp: the gateway's request bodies too (413)",
+    "max_connections": "epp: also the ext_proc streams open at once, one per request in the "
+    "gateway (503)",
+    "max_header_bytes": "epp: its HTTP port only; the gateway reads its clients' headers under "
+    "its own limit (Envoy: max_request_headers_kb) and sends them parsed",
+    "request_read_timeout_s": "epp: its HTTP port only; the gateway times its clients (Envoy: "
+    "request_timeout, stream_idle_timeout) and its EPP streams (message_timeout)",
+    "api_keys": "epp: its HTTP port only; the gateway's requests are not checked: the gateway "
+    "authenticates its clients",
+    "worker_api_key": "epp: not used for the gateway's requests: the gateway sends them to the "
+    "workers with the headers it has",
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -48,6 +67,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_settings_arguments(p, skip=("port",))
+    for action in p._actions:  # serve's flags: say which limits hold here, and how
+        note = LIMIT_NOTES.get(action.dest)
+        if note is not None:
+            action.help = f"{action.help} [{note}]"
     p.add_argument(
         "--port", dest="grpc_port", type=int, default=GRPC_PORT, help="gRPC (ext_proc) port"
     )

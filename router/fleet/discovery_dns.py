@@ -13,6 +13,10 @@ records; this source looks the name up every ``interval_s`` and yields every wor
 seen on the next look-up once the name server's own TTL lets it through. Per
 :mod:`router.fleet.discovery_source`, a timeout, SERVFAIL, REFUSED or network error yields
 nothing (the last list stands) and counts; only NXDOMAIN or no records yields an empty set.
+A and AAAA are asked apart, and each answer stands on its own: when one family fails alone
+(a server that refuses or drops AAAA queries, as some do), the name is resolved by the other,
+the failed family keeps its last good addresses (none if it never had any), and the failure
+is logged and counts; the look-up fails only when both families do.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ log = logging.getLogger("cache_router.discovery")
 # the failures after which the last list stands (anything else from dnspython is a DNSException
 # too, and is treated the same way: never empty a fleet on an answer we do not understand)
 _TRANSIENT = (dns.exception.DNSException, OSError)
+_FAMILIES = ("A", "AAAA")
+_Known = dict[tuple[object, str], tuple[str, ...]]  # (name, family) -> its addresses
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,8 @@ class DnsDiscovery:
         self._resolver.lifetime = timeout_s  # one look-up, retries included
         self._resolver.timeout = timeout_s / 2  # so a lost UDP packet is tried again once
         self._failing = False
+        self._known: _Known = {}  # each family's last good answer, names of the last look-up
+        self._families_failing: set[tuple[object, str]] = set()  # logged once per streak
 
     @classmethod
     def from_uri(cls, uri: str, interval_s: float, nameserver: str | None = None,
@@ -161,24 +169,57 @@ class DnsDiscovery:
         """The source for ``uri`` (ValueError for a bad URI or name server)."""
         return cls(uri, parse_dns_uri(uri), interval_s, nameserver, timeout_s)
 
-    async def _addresses(self, name: str | dns.name.Name) -> list[str]:
-        """The A and AAAA addresses of ``name``; [] if it has none (an authoritative answer)."""
+    async def _family(self, name: str | dns.name.Name, rdtype: str) -> tuple[str, ...]:
+        """``name``'s addresses of one family; () if it has none (an authoritative answer)."""
+        try:
+            answer = await self._resolver.resolve(name, rdtype, search=self._search)
+        except dns.resolver.NoAnswer:
+            return ()
+        return tuple(record.address for record in answer)
+
+    async def _addresses(self, name: str | dns.name.Name, fresh: _Known) -> list[str]:
+        """The A and AAAA addresses of ``name``, each family's answer on its own; one that
+        fails alone keeps its last good addresses (each family's, into ``fresh``), unless
+        the name does not exist (NXDOMAIN). Raises when both fail."""
+        answers = await asyncio.gather(
+            *(self._family(name, rdtype) for rdtype in _FAMILIES), return_exceptions=True
+        )
+        gone = any(isinstance(a, dns.resolver.NXDOMAIN) for a in answers)
         found: list[str] = []
-        for rdtype in ("A", "AAAA"):
-            try:
-                answer = await self._resolver.resolve(name, rdtype, search=self._search)
-            except dns.resolver.NXDOMAIN:
-                return found  # no such name: no AAAA either
-            except dns.resolver.NoAnswer:
+        failed: list[tuple[str, BaseException]] = []
+        for rdtype, answer in zip(_FAMILIES, answers, strict=True):
+            if isinstance(answer, dns.resolver.NXDOMAIN):
+                answer = ()
+            elif isinstance(answer, _TRANSIENT):
+                failed.append((rdtype, answer))
                 continue
-            found.extend(record.address for record in answer)
+            elif isinstance(answer, BaseException):  # a bug, or cancelled: not a DNS answer
+                raise answer
+            self._family_answered(name, rdtype)
+            fresh[name, rdtype] = answer
+            found.extend(answer)
+        if len(failed) == len(_FAMILIES):
+            raise failed[0][1]
+        for rdtype, exc in failed:
+            kept = () if gone else self._known.get((name, rdtype), ())
+            fresh[name, rdtype] = kept
+            found.extend(kept)
+            self._family_failed(name, rdtype, exc, len(kept))
         return found
 
     async def resolve(self) -> frozenset[str]:
         """Every worker URL the records list now; raises a transient failure as is."""
+        fresh: _Known = {}
+        urls = await self._resolve(fresh)
+        self._known = fresh  # the names looked up now: a target gone from SRV is forgotten
+        self._families_failing &= fresh.keys()
+        return urls
+
+    async def _resolve(self, fresh: _Known) -> frozenset[str]:
         q = self.query
         if not q.srv:
-            return frozenset(_url(q.scheme, a, q.port) for a in await self._addresses(q.name))
+            addresses = await self._addresses(q.name, fresh)
+            return frozenset(_url(q.scheme, a, q.port) for a in addresses)
         try:
             answer = await self._resolver.resolve(q.name, "SRV", search=self._search)
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
@@ -187,7 +228,7 @@ class DnsDiscovery:
         for record in answer:
             if record.target == dns.name.root:  # "." : the service is explicitly not offered
                 continue
-            addresses = await self._addresses(record.target)
+            addresses = await self._addresses(record.target, fresh)
             urls.update(_url(q.scheme, a, record.port) for a in addresses)
         return frozenset(urls)
 
@@ -206,16 +247,36 @@ class DnsDiscovery:
                 yield urls
             await asyncio.sleep(self.interval_s)
 
-    def _failed(self, exc: BaseException) -> None:
+    def _count(self, exc: BaseException) -> str:
+        """Count a failure under its kind; its message."""
         kind = _error_kind(exc)
         message = f"{kind}: {exc or type(exc).__name__}"
         self.stats.error(kind, message)
+        return message
+
+    def _failed(self, exc: BaseException) -> None:
+        message = self._count(exc)
         if not self._failing:  # once per streak, not every interval
             self._failing = True
             log.warning(
                 "discovery %s: %s; keeping the last list, retrying every %g s",
                 self.uri, message, self.interval_s,
             )  # fmt: skip
+
+    def _family_failed(self, name: object, rdtype: str, exc: BaseException, kept: int) -> None:
+        """One family of ``name`` failed, the other answered: counted, logged once a streak."""
+        message = self._count(exc)
+        if (name, rdtype) not in self._families_failing:
+            self._families_failing.add((name, rdtype))
+            log.warning(
+                "discovery %s: %s; %s resolved by its other family, keeping its last %d %s "
+                "addresses", self.uri, message, name, kept, rdtype,
+            )  # fmt: skip
+
+    def _family_answered(self, name: object, rdtype: str) -> None:
+        if (name, rdtype) in self._families_failing:
+            self._families_failing.discard((name, rdtype))
+            log.info("discovery %s: %s %s answered again", self.uri, name, rdtype)
 
 
 def _url(scheme: str, address: str, port: int | None) -> str:

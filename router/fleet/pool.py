@@ -17,8 +17,12 @@ the circuit: the worker is taken out of picking. It stays out at least ``circuit
 after that the first success (a probe, :mod:`router.fleet.health`) closes the circuit and brings
 it back, with its shadow reset (unpinned entries forgotten, capacities restored): a worker
 that was down most likely restarted with an empty cache. A failing real request never
-takes out the *last* healthy worker (probes still can): when every worker answers 5xx,
-relaying their answers beats a router-made 503 for all. Transitions are counted
+takes out the *last* healthy worker of its side (probes still can): when every worker
+answers 5xx, relaying their answers beats a router-made 503 for all. The sides are those of
+a disaggregated request's legs: the decode workers, and the others (aggregated and prefill
+workers, among which the picker chooses); a healthy decode worker serves nothing without a
+prefill worker, so it does not keep the last one in. :meth:`WorkerPool.can_serve` says
+whether a request can be served at all (``/health``). Transitions are counted
 (``circuit_transitions_total``) and logged.
 """
 
@@ -135,6 +139,12 @@ class Worker:
             "adapters": sorted(self.adapters),
             "lora": self.state.adapters.describe(),
         }
+
+
+def same_side(a: Worker, b: Worker) -> bool:
+    """Whether ``a`` and ``b`` can take the same leg of a request: both decode workers, or
+    neither (aggregated and prefill workers: the picker's side)."""
+    return (a.role == DECODE) == (b.role == DECODE)
 
 
 class _Excluded:
@@ -350,7 +360,7 @@ class WorkerPool:
         """One more failure in a row; open the circuit at the threshold.
 
         ``request``: a real request failed (not a probe); that never takes out the last
-        healthy worker.
+        healthy worker of its side (:func:`same_side`).
         """
         worker.consecutive_failures += 1
         worker.last_failure_request = request
@@ -359,7 +369,9 @@ class WorkerPool:
             worker.state.healthy
             and worker.consecutive_failures >= self.settings.health_failure_threshold
         ):
-            if request and not any(w.state.healthy for w in self.workers if w is not worker):
+            if request and not any(
+                w.state.healthy and same_side(w, worker) for w in self.workers if w is not worker
+            ):
                 return
             self.take_out(worker, reason)
 
@@ -438,6 +450,19 @@ class WorkerPool:
 
     def healthy_workers(self) -> list[Worker]:
         return [w for w in self.workers if w.state.healthy]
+
+    def can_serve(self) -> bool:
+        """Whether a generation request can be served now: a healthy aggregated worker, or
+        a healthy prefill worker and a healthy decode worker."""
+        roles = {w.role for w in self.workers if w.state.healthy}
+        return BOTH in roles or (PREFILL in roles and DECODE in roles)
+
+    def healthy_by_role(self) -> dict[str, int]:
+        """The healthy workers of each role the fleet has."""
+        counts: dict[str, int] = {}
+        for w in self.workers:
+            counts[w.role] = counts.get(w.role, 0) + w.state.healthy
+        return counts
 
 
 __all__ = [

@@ -1,7 +1,9 @@
 """The JSON endpoints around the hot path (FastAPI): models, health, metrics, workers.
 
 - ``GET /v1/models``: every healthy worker's model list, merged by id;
-- ``GET /health``: 200 while at least one worker is healthy, else 503;
+- ``GET /health``: 200 while a generation request can be served (a healthy aggregated
+  worker, or a healthy prefill and a healthy decode worker), else 503; the healthy workers
+  in all and by role;
 - ``GET /metrics``: the Prometheus exposition of this app's registry (under ``--processes``,
   of every process's, labelled: :mod:`router.proxy.process_metrics`);
 - ``GET /workers``: one object per worker (load, shadow, estimate vs report, models);
@@ -27,7 +29,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from router.fleet.pool import BOTH, ROLES
+from router.fleet.pool import BOTH, ROLES, WorkerPool
 from router.fleet.upstream import UpstreamError
 from router.proxy import process_metrics
 from router.proxy.access import Need, Verdict
@@ -104,11 +106,12 @@ def build_admin(app: RouterContext) -> FastAPI:
     @api.get("/health")
     async def health() -> Response:
         healthy = sum(1 for w in pool.workers if w.healthy)
-        status = "draining" if app.draining else "ok" if healthy else "unavailable"
+        status = "draining" if app.draining else "ok" if pool.can_serve() else "unavailable"
         body = {
             "status": status,
             "healthy_workers": healthy,
             "workers": len(pool.workers),
+            "healthy_by_role": pool.healthy_by_role(),
         }
         if app.state_sync is not None:
             body["state_sync"] = app.state_sync.describe()
@@ -167,28 +170,33 @@ def build_admin(app: RouterContext) -> FastAPI:
 
     @api.get("/v1/models")
     async def models() -> Response:
-        workers = pool.healthy_workers()
-
-        async def one(worker) -> list[dict[str, Any]]:
-            try:
-                status, body = await asyncio.wait_for(
-                    worker.upstream.fetch("GET", "/v1/models", timeout=MODELS_TIMEOUT_S),
-                    MODELS_TIMEOUT_S,
-                )
-                data = orjson.loads(body) if status == 200 else {}
-            except (UpstreamError, TimeoutError, orjson.JSONDecodeError):
-                return []
-            items = data.get("data") if isinstance(data, dict) else None
-            return [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
-
-        merged: dict[str, dict[str, Any]] = {}
-        answered = 0
-        for items in await asyncio.gather(*(one(w) for w in workers)):
-            answered += bool(items)
-            for model in items:
-                merged.setdefault(str(model.get("id")), model)
-        if not answered:
-            return _error(NoHealthyWorkerError("no worker answered /v1/models"))
-        return _json({"object": "list", "data": list(merged.values())})
+        return _json(await fleet_models(pool))
 
     return api
+
+
+async def fleet_models(pool: WorkerPool) -> dict[str, Any]:
+    """``GET /v1/models``: every healthy worker's model list, merged by id; 503 when none
+    answered. ``serve``'s answer, and the endpoint picker's for its gateway."""
+
+    async def one(worker) -> list[dict[str, Any]]:
+        try:
+            status, body = await asyncio.wait_for(
+                worker.upstream.fetch("GET", "/v1/models", timeout=MODELS_TIMEOUT_S),
+                MODELS_TIMEOUT_S,
+            )
+            data = orjson.loads(body) if status == 200 else {}
+        except (UpstreamError, TimeoutError, orjson.JSONDecodeError):
+            return []
+        items = data.get("data") if isinstance(data, dict) else None
+        return [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
+
+    merged: dict[str, dict[str, Any]] = {}
+    answered = 0
+    for items in await asyncio.gather(*(one(w) for w in pool.healthy_workers())):
+        answered += bool(items)
+        for model in items:
+            merged.setdefault(str(model.get("id")), model)
+    if not answered:
+        raise NoHealthyWorkerError("no worker answered /v1/models")
+    return {"object": "list", "data": list(merged.values())}

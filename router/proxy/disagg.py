@@ -9,15 +9,24 @@ by two workers, each leg as its engine defines it:
   ``kv_transfer_params`` asking for a remote decode; the ``kv_transfer_params`` of its answer
   (where its KV waits: engine id, block ids, host, port) go with the original request to a
   decode worker, which pulls the KV and answers the client. A connector that finds the KV
-  by the prompt itself (vLLM's ExampleConnector, LMCache) returns none: the decode leg then
-  gets the original request, as vLLM's proxy does. The legs run one after the
+  by the prompt itself (vLLM's ExampleConnector, LMCache) returns none, as NixlConnector
+  does for a prefill that stopped at its first token: the field is ``null`` (vLLM's answer
+  always carries it) and the decode leg gets the original request, as vLLM's proxy does.
+  Anything else in a 200 (a body that is not a JSON object, no such field, a field that is
+  neither an object nor null) is no prefill answer: :class:`BadPrefillAnswer`, the prefill
+  worker's failure (a 502 ``bad_prefill_response`` where no other prefill worker serves
+  it), never a decode leg without the KV. The legs run one after the
   other, so a decode worker that fails before its first byte is retried on another one
   with the same parameters (the prefill worker holds the KV until it is pulled or times
   out).
 - **SGLang** (PD mode, as its mini load balancer): one prefill and one decode worker are
   chosen together; the request gets ``bootstrap_host`` / ``bootstrap_port`` (the prefill
   worker's bootstrap server) and a fresh ``bootstrap_room``, and goes to both at once; the
-  decode worker's answer is the client's. A retry needs both legs again, in a new room.
+  decode worker's answer is the client's (the prefill's body is not read: SGLang's own
+  balancer drops it too). A retry needs both legs again, in a new room. The decode leg
+  waits for the prefill's KV, so while the prefill leg has not answered, a decode that
+  times out is the prefill worker's failure, and one that fails otherwise waits a moment
+  for that leg: if it fails too, the prefill worker is blamed and replaced, not the decode.
 
 Both legs of a pair carry the same ``X-Request-Id``, which the engines use to match them.
 """
@@ -54,12 +63,18 @@ REMOTE_DECODE = {
 }
 
 
+class BadPrefillAnswer(ValueError):
+    """A vLLM prefill worker's 200 that is not its protocol's answer (the message says why)."""
+
+
 def protocol_of(settings: Settings, prefill: Worker) -> str:
     """The protocol for a request prefilled on ``prefill``: ``--pd-protocol``, or with
-    ``auto`` SGLang's when the worker's /metrics are SGLang's, else vLLM's."""
+    ``auto`` SGLang's when the worker's /metrics are SGLang's, else vLLM's (also before
+    they are read)."""
     if settings.pd_protocol != "auto":
         return settings.pd_protocol
-    return SGLANG if prefill.truth.engine == "sglang" else VLLM
+    reading = prefill.truth.reading
+    return SGLANG if reading is not None and reading.engine == SGLANG else VLLM
 
 
 def with_request_id(headers: bytes, attempt: int) -> bytes:
@@ -89,12 +104,23 @@ def vllm_prefill_body(body: dict[str, Any]) -> bytes:
 
 
 def kv_transfer_params(answer: bytes) -> dict[str, Any] | None:
-    """The ``kv_transfer_params`` of a vLLM prefill worker's answer (None: it gave none)."""
+    """The ``kv_transfer_params`` of a vLLM prefill worker's 200 (None: ``null`` or empty,
+    a connector that needs none). vLLM dumps its response models whole, so the field is
+    always there: a body that is not a JSON object, lacks it or holds anything but an
+    object or null is :class:`BadPrefillAnswer` (a decode leg without the KV it needs
+    would fail as if the client's request were wrong)."""
     try:
-        params = orjson.loads(answer).get("kv_transfer_params")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    return params if isinstance(params, dict) and params else None
+        data = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        raise BadPrefillAnswer("its body is not JSON") from None
+    if not isinstance(data, dict):
+        raise BadPrefillAnswer("its body is not a JSON object")
+    if "kv_transfer_params" not in data:
+        raise BadPrefillAnswer("it has no kv_transfer_params")
+    params = data["kv_transfer_params"]
+    if params is not None and not isinstance(params, dict):
+        raise BadPrefillAnswer("its kv_transfer_params are not an object")
+    return params or None
 
 
 def with_fields(body: dict[str, Any], **fields: Any) -> bytes:

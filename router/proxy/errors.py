@@ -3,6 +3,8 @@
 Each failure the proxy can report is one exception type with its HTTP status, so request
 handling raises and a single place turns the exception into ``{"error": {"message", "type",
 "code"}}``. A worker's own error responses are never rewritten: they pass through as they are.
+What a message repeats of the client's input (a model name, a response id) goes
+through :func:`echo`, bounded: a client's megabyte-long name is not sent back whole.
 """
 
 from __future__ import annotations
@@ -107,6 +109,17 @@ class ResponseOwnerUnavailable(
 
 class GatewayTimeout(RouterError, status=504, error_type="upstream_error", code="upstream_timeout"):
     """The worker sent nothing within ``read_timeout_s``."""
+
+
+ECHO_MAX = 256  # characters of a client's string an error message repeats
+
+
+def echo(text: str, limit: int = ECHO_MAX) -> str:
+    """``text`` from the client as an error message repeats it: whole up to ``limit``
+    characters, else its start, an ellipsis and its length (the client knows the rest)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
 
 
 def error_body(message: str, type_: str, code: str) -> bytes:

@@ -10,9 +10,10 @@ end); what it adds is moving the bytes. For each request:
    tree answers the estimates, its insert runs right after the write to the worker, before
    any other task can pick or book: off the latency path, same outcome);
 3. send the original body bytes (only a stream gets ``stream_options.include_usage`` added)
-   and wait for the response headers and the first body bytes. Until a byte has gone to the
-   client, a connect error, a reset or a 5xx is retried on another worker (``max_attempts``);
-   a timeout is a 504, a worker's 4xx passes through as it is;
+   and wait for the response headers and the first body bytes (a body that is not an event
+   stream: all of it, up to 4 MiB). Until a byte has gone to the client, a connect error, a
+   reset or a 5xx is retried on another worker (``max_attempts``); a timeout is a 504, a
+   worker's 4xx passes through as it is;
 4. at the first body byte the booking's pending prefill is released
    (:meth:`Booking.first_token`); the worker's status and headers (hop-by-hop ones dropped)
    and then each body piece go to the client as they arrive;
@@ -44,12 +45,13 @@ Admission: at most ``max_inflight`` requests are handled at once (counted from a
 the last byte); one more gets 429 with ``Retry-After`` before its body is read. Client keys
 are checked in constant time (:mod:`router.proxy.access`). Each attempt's outcome feeds the
 worker's circuit (:mod:`router.fleet.pool`): connect errors, resets, timeouts and 5xx answers are
-failures, a worker's non-5xx answer a success. Resets and 5xx answers are held until the
-request's outcome is known: a request that fails alike on two or more workers and nowhere
-succeeds is more likely the request's fault than theirs (a "poison" request), so it counts
-against no circuit (``suspect_requests_total``) and a client cannot take workers out with
-it. An unexpected exception (a bug) answers a JSON 500 if nothing was sent yet, and still
-releases everything.
+failures (so is a vLLM prefill worker's 200 that is no prefill answer:
+:mod:`router.proxy.disagg`), a worker's other answers a success. Resets, 5xx answers and
+those 200s are held until the request's outcome is known: a request that fails alike on two
+or more workers and nowhere succeeds is more likely the request's fault than theirs (a
+"poison" request), so it counts against no circuit (``suspect_requests_total``) and a client
+cannot take workers out with it. An unexpected exception (a bug) answers a JSON 500 if
+nothing was sent yet, and still releases everything.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from router.proxy.disagg import (
     DISAGGREGATED,
     SGLANG,
     VLLM,
+    BadPrefillAnswer,
     bootstrap_fields,
     kv_transfer_params,
     protocol_of,
@@ -115,6 +118,9 @@ HOP_BY_HOP = frozenset(
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 RESPONSE_ID_WITHIN = 64 << 10  # a response's id is looked for in its first bytes only
 BODY_PEEK = 64 << 10  # a streamed upload's first bytes, read before a worker is picked
+# how long an SGLang decode leg's failure waits for news of its prefill leg: a decode that
+# failed for want of the prefill's KV fails about when the prefill does
+PREFILL_NEWS_S = 0.1
 
 # (status, headers, first body piece, more_body): starts the client's response
 Respond = Callable[[int, list[tuple[bytes, bytes]], bytes, bool], Awaitable[None]]
@@ -143,6 +149,8 @@ class Exchange(Routed):
     body_rest: BodyStream | None = None  # a streamed upload: what follows ``body``
     body_length: int | None = None  # its declared length (None: chunked)
     leg_error: RouterError | None = None  # an SGLang prefill leg's failure, for its decode leg
+    # an SGLang decode leg's prefill worker and leg (while it runs): the KV it waits for
+    kv_from: tuple[Worker, asyncio.Task] | None = None
 
     def client_left(self) -> None:
         """The client disconnected: cancel the handler unless its response is complete."""
@@ -180,7 +188,6 @@ class Forwarder(RouterCore):
             if worker_key is not None
             else None
         )
-        self.max_inflight = settings.max_inflight
         self.worker_header = settings.worker_header
         self.read_timeout = settings.read_timeout_s
 
@@ -195,19 +202,16 @@ class Forwarder(RouterCore):
     ) -> None:
         """One generation request; ``channel``: the router server's cycle behind ``send``
         (which calls this directly, without the ASGI dispatch), None under another server."""
-        stats = self.pool.stats
-        if self.max_inflight and stats.in_flight >= self.max_inflight:
-            stats.count_rejected("inflight")
+        try:
+            self.admit()
+        except TooManyRequests as error:
             self.unrouted(kind, "429")
-            await send_error(
-                send, TooManyRequests(f"the router is handling {stats.in_flight} requests")
-            )
+            await send_error(send, error)
             return
-        stats.in_flight += 1
         try:
             await self._handle(scope, receive, send, kind, channel)
         finally:
-            stats.in_flight -= 1
+            self.leave()
 
     async def _handle(
         self, scope: dict, receive, send, kind: str, channel: RouterCycle | None
@@ -394,7 +398,7 @@ class Forwarder(RouterCore):
                     )  # fmt: skip
                 if ex.client_gone:  # belt and braces: a cancellation lost in a race
                     raise asyncio.CancelledError
-                if conn.status >= 500 and not final and self._others_left(ex, worker):
+                if conn.status >= 500 and not final and self._may_retry(ex, worker):
                     stats.count(stats.upstream_errors, "status_5xx")
                     status_label = str(conn.status)
                     ex.failures.append((worker, f"HTTP {conn.status}"))
@@ -402,6 +406,8 @@ class Forwarder(RouterCore):
                         f"worker {worker.url} answered {conn.status}", code="worker_5xx"
                     )
                 data, more = await conn.read(self.read_timeout)
+                if more and not _is_event_stream(conn.headers):
+                    data, more = await _held_whole(conn, data, self.read_timeout)
             except (ConnectFailed, ConnectionLost, ReadTimeout) as exc:
                 status_label, error = self._failed(ex, worker, exc)
                 if isinstance(error, GatewayTimeout):
@@ -414,9 +420,9 @@ class Forwarder(RouterCore):
             self.metrics.ttfb(ex.endpoint).observe(now - ex.start)
             status = conn.status
             self.answered(ex, worker, status)  # (a 5xx relayed: no other worker left)
-            learn = ex.learn_owner and status == 200
-            if learn:
-                learn = self.learn_owner(data, worker)
+            ids = self.owner_reader(ex, status)
+            if ids is not None:
+                ids = self.learn_owner(ids, data, worker)
             sse = ex.request.stream and _is_event_stream(conn.headers)
             reader = UsageReader(sse, ex.drop_usage_chunk, status < 300)
             headers = self._response_headers(conn.headers, worker, transformed=sse)
@@ -426,14 +432,12 @@ class Forwarder(RouterCore):
             if not more:
                 ex.responded = True
             await respond(status, headers, data, more)
-            seen = len(data)
             while more:
                 data, more = await conn.read(self.read_timeout)
                 if ex.client_gone:
                     raise asyncio.CancelledError
-                if learn:  # the id comes first: looked for in the first 64 KiB only
-                    seen += len(data)
-                    learn = seen < RESPONSE_ID_WITHIN and self.learn_owner(data, worker)
+                if ids is not None:  # until the id is whole (it comes first)
+                    ids = self.learn_owner(ids, data, worker)
                 data = reader.feed(data, not more)
                 if not more:
                     ex.responded = True
@@ -484,11 +488,19 @@ class Forwarder(RouterCore):
             return "connect_error", BadGateway(str(exc), code="connect_error")
         if isinstance(exc, ReadTimeout):
             stats.count(stats.upstream_errors, "timeout")
-            self.pool.record_failure(worker, "read timeout", request=True)
-            return "504", GatewayTimeout(f"worker {worker.url} sent nothing in time")
+            prefill = _kv_pending(ex, worker)
+            self.pool.record_failure(prefill or worker, "read timeout", request=True)
+            waiting = f" (waiting for {prefill.url}'s KV)" if prefill is not None else ""
+            return "504", GatewayTimeout(f"worker {worker.url} sent nothing in time{waiting}")
         stats.count(stats.upstream_errors, "reset")
         ex.failures.append((worker, str(exc)))
         return "reset", BadGateway(f"worker {worker.url}: {exc}", code="worker_reset")
+
+    def _may_retry(self, ex: Exchange, worker: Worker) -> bool:
+        """Whether ``worker``'s 5xx may be retried rather than relayed: another worker of
+        its side is left, or it is an SGLang decode leg whose prefill leg may yet fail (then
+        the prefill worker is replaced: :meth:`_sglang_pair`)."""
+        return self._others_left(ex, worker) or _kv_pending(ex, worker) is not None
 
     def _others_left(self, ex: Exchange, worker: Worker) -> bool:
         """Whether a healthy worker of ``worker``'s side (decode, or not) not tried yet
@@ -540,19 +552,21 @@ class Forwarder(RouterCore):
             decode, decode_pick = self.choose(ex, last_error, decode=True)
             ex.tried.remove(decode)  # (chosen first: no prefill leg without a decode worker)
             headers = with_request_id(ex.headers, attempt)
-            answer = await self._prefill_leg(ex, prefill, pick, prefill_body, headers)
+            answer = await self._prefill_leg(
+                ex, prefill, pick, prefill_body, headers, kv=kv_transfer_params
+            )
             if isinstance(answer, GatewayTimeout):
                 raise answer  # as for any request: nothing in time from a worker is a 504
             if isinstance(answer, RouterError):
                 return answer  # another prefill worker
-            status, response_headers, data = answer
+            status, response_headers, data, params = answer
             self.metrics.prefill_leg(VLLM).observe(time.perf_counter() - ex.start)
             if status != 200:  # the request's own fault (a 4xx): the client's answer
                 ex.started = ex.responded = True
                 headers_out = self._response_headers(response_headers, prefill, False)
                 await respond(status, headers_out, data, False)
                 return None
-            params = kv_transfer_params(data)  # none: a connector that finds KV by prompt
+            # none: a connector that finds the KV by the prompt (the answer said null)
             extra = {"kv_transfer_params": params} if params else {}
             ex.tried.append(decode)
             error = await self._attempt(
@@ -569,7 +583,9 @@ class Forwarder(RouterCore):
     ) -> RouterError | None:
         """SGLang: the prefill and the decode leg at once, in a fresh bootstrap room; a
         decode worker that fails before any byte is retried (another one, another room); a
-        prefill leg that fails first cancels the decode leg and is retried elsewhere."""
+        prefill leg that fails first cancels the decode leg and is retried elsewhere. A
+        decode that fails while its prefill leg runs waits ``PREFILL_NEWS_S`` for that leg:
+        if it fails too, the prefill worker is the one to blame and to replace."""
         attempts = self.settings.max_attempts
         last_error: RouterError | None = None
         for attempt in range(attempts):
@@ -579,22 +595,28 @@ class Forwarder(RouterCore):
             leg = asyncio.get_running_loop().create_task(
                 self._prefill_leg(ex, prefill, pick, body, headers, on_error=ex.leg_failed)
             )
+            ex.kv_from = (prefill, leg)
             try:
                 error = await self._attempt(
                     ex, decode, decode_pick, send, respond, attempt == attempts - 1, body,
                     headers,
                 )  # fmt: skip
+                if error is not None and not leg.done():
+                    await asyncio.wait((leg,), timeout=PREFILL_NEWS_S)  # (its failure cancels)
             except asyncio.CancelledError:
                 failed = ex.leg_error
                 if failed is None or ex.client_gone:
                     raise
                 ex.leg_error = None
                 ex.task.uncancel()  # type: ignore[union-attr]
+                # not the decode worker's fault: it may take the next pair
+                ex.failures = [(w, why) for w, why in ex.failures if w is not decode]
                 if isinstance(failed, GatewayTimeout):
                     raise failed from None
-                ex.tried.remove(decode)  # not its fault: it may take the next pair
+                ex.tried.remove(decode)
                 return failed  # the prefill worker failed: another one, from the start
             finally:
+                ex.kv_from = None
                 if not leg.done():
                     if ex.started:  # the decode answered: its prefill is done, or will be
                         await asyncio.shield(leg)
@@ -623,9 +645,12 @@ class Forwarder(RouterCore):
         body: bytes,
         headers: bytes,
         on_error: Callable[[RouterError], None] | None = None,
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | RouterError:
+        kv: Callable[[bytes], dict | None] | None = None,
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, dict | None] | RouterError:
         """Send ``body`` to the prefill worker and read its whole answer (status, headers,
-        body; a 5xx is a RouterError to retry elsewhere); its cached tokens are the truth
+        body, and what ``kv`` reads in a 200: vLLM's ``kv_transfer_params``); a 5xx, or with
+        ``kv`` an answer below 400 that is no prefill result, is a RouterError to retry
+        elsewhere, the worker's failure (held as a 5xx is). Its cached tokens are the truth
         the prefill workers' shadows learn from. ``on_error`` hears a failure as it
         happens (the SGLang decode leg waits for this one)."""
         booking = self.book(ex, worker, pick, radix_later=True, max_tokens=1)
@@ -662,16 +687,32 @@ class Forwarder(RouterCore):
                 if on_error is not None:
                     on_error(error)
                 return error
-            self.answered(ex, worker, status)
             data = b"".join(parts)
+            params = None
+            if kv is not None and not 400 <= status < 500:  # (a 4xx is the request's)
+                try:
+                    params = _prefill_result(kv, status, data, size)
+                except BadPrefillAnswer as exc:
+                    label = "bad_response"
+                    return self._bad_prefill(ex, worker, str(exc))
+            self.answered(ex, worker, status)
             usage = stream_usage(data) if data.startswith(b"data:") else scan_body(data)
             if usage is not None:
                 self.report(ex, worker, booking, usage)
-            return status, response_headers, data
+            return status, response_headers, data, params
         finally:
             if conn is not None:
                 conn.abort()
             self.release(ex, worker, booking, label)
+
+    def _bad_prefill(self, ex: Exchange, worker: Worker, why: str) -> RouterError:
+        """A vLLM prefill worker's answer that is no prefill result: held like a 5xx (its
+        failure, unless the request fails alike elsewhere), retried on another one."""
+        stats = worker.stats
+        stats.count(stats.upstream_errors, "bad_response")
+        ex.failures.append((worker, f"bad prefill answer: {why}"))
+        message = f"prefill worker {worker.url} gave no usable prefill answer: {why}"
+        return BadGateway(message, code="bad_prefill_response")
 
     def _response_headers(
         self, upstream: list[tuple[bytes, bytes]], worker: Worker, transformed: bool
@@ -684,6 +725,18 @@ class Forwarder(RouterCore):
         if self.worker_header:
             headers.append((b"x-cache-router-worker", worker.url.encode()))
         return headers
+
+
+def _prefill_result(
+    kv: Callable[[bytes], dict | None], status: int, data: bytes, size: int
+) -> dict | None:
+    """What ``kv`` reads in a prefill worker's answer below 400, which must be a 200 read
+    whole; BadPrefillAnswer otherwise."""
+    if status != 200:
+        raise BadPrefillAnswer(f"it answered {status}")
+    if size > MAX_SCANNED_BODY:
+        raise BadPrefillAnswer(f"its body exceeds {MAX_SCANNED_BODY} bytes")
+    return kv(data)
 
 
 def asking_usage(body: dict) -> dict:
@@ -702,6 +755,29 @@ async def asgi_respond(
     :meth:`router.proxy.server.RouterCycle.respond` does in one write under our server)."""
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": more_body})
+
+
+def _kv_pending(ex: Exchange, worker: Worker) -> Worker | None:
+    """The prefill worker whose KV ``worker`` waits for: an SGLang decode leg's, while that
+    prefill leg has not answered (a decode that sent nothing in time, or failed, may have
+    failed for want of it); None otherwise."""
+    pending = ex.kv_from
+    if worker.role == DECODE and pending is not None and not pending[1].done():
+        return pending[0]
+    return None
+
+
+async def _held_whole(conn: Connection, data: bytes, timeout: float) -> tuple[bytes, bool]:
+    """A body that is not an event stream, read whole (up to ``MAX_SCANNED_BODY``; past
+    that it goes on piece by piece) before any byte of it goes to the client: a worker that
+    cuts it is then retried like one that sent nothing, and a client never gets half a
+    JSON answer under a 200."""
+    parts, size, more = [data], len(data), True
+    while more and size <= MAX_SCANNED_BODY:
+        data, more = await conn.read(timeout)
+        parts.append(data)
+        size += len(data)
+    return b"".join(parts), more
 
 
 def _is_event_stream(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -82,7 +82,9 @@ class ParsedRequest:
     wants_usage: bool  # the client itself asked for stream usage
     session_id: str | None
     max_tokens: int
-    model: str | None = None  # the model (or LoRA adapter) it names; None: any worker's
+    # the model (or LoRA adapter) it names, ``""`` too (no worker serves it: a 404, as vLLM
+    # answers); None: no ``model`` field, any worker's
+    model: str | None = None
     # chat and responses: the chat request the prompt is read from (for responses, built
     # from ``instructions`` and ``input``); None for the others
     chat: dict[str, Any] | None = None
@@ -140,7 +142,7 @@ def parse_request(kind: str, raw: bytes, session_header_value: str | None) -> Pa
         wants_usage=wants_usage,
         session_id=_session(session_header_value, body),
         max_tokens=_max_tokens(body),
-        model=model or None,
+        model=model,
         chat=chat,
         stored_response_id=previous,
     )
@@ -215,7 +217,7 @@ def parse_other(
         wants_usage=False,
         session_id=_session(session_header_value, body),
         max_tokens=0,
-        model=model or None,
+        model=model,
     )
 
 

@@ -5,13 +5,16 @@ endpoint picker for inference gateways (:mod:`router.epp`, where Envoy moves the
 with this one class, so both read a request, pick, book, learn from the answer and release
 the same way, on the same pool, pickers, shadows and counters:
 
+0. :meth:`RouterCore.admit`, :meth:`RouterCore.leave`: the requests in flight, router-wide
+   (``max_inflight``: 429 past it);
 1. :meth:`RouterCore.understand`: the body parsed (400s), its tokens and block hashes, the
    model (an adapter's own block chain), the stored response it acts on (its owner);
 2. :meth:`RouterCore.choose`: the picker's worker among those that serve the model and are
    not excluded (tried already, or outside a gateway's subset), or the response's owner;
 3. :meth:`RouterCore.book`: the booking (load, pinned blocks) and the estimate counters;
-4. :meth:`RouterCore.learn_owner`, :meth:`RouterCore.report`: what the answer says (the
-   response id it stored, the cached tokens the worker reports, scored and fed back);
+4. :meth:`RouterCore.owner_reader` and :meth:`RouterCore.learn_owner`,
+   :meth:`RouterCore.report`: what the answer says (the response id it stored, read across
+   the pieces it comes in; the cached tokens the worker reports, scored and fed back);
 5. :meth:`RouterCore.release`: the booking released (exactly once) and the outcome counted.
 """
 
@@ -35,6 +38,8 @@ from router.proxy.errors import (
     ResponseOwnerGone,
     ResponseOwnerUnavailable,
     RouterError,
+    TooManyRequests,
+    echo,
 )
 from router.proxy.metrics import RouterMetrics
 from router.proxy.parse import (
@@ -47,7 +52,7 @@ from router.proxy.parse import (
     response_call_id,
 )
 from router.proxy.tokenize import APPROX_BYTES_PER_TOKEN, Tokenizer, features_of, tokens_now
-from router.proxy.usage import Usage, response_id_in
+from router.proxy.usage import ResponseIdReader, Usage
 
 PROMPT_KINDS = frozenset(GENERATION_PATHS.values())
 
@@ -86,6 +91,22 @@ class RouterCore:
         self.metrics = metrics
         self.owners = owners if owners is not None else ResponseOwners(settings.response_owners_max)
         self.correct = settings.correct_shadow
+        self.max_inflight = settings.max_inflight
+
+    # ---- 0. admission --------------------------------------------------------------------
+
+    def admit(self) -> None:
+        """One more request in flight, whichever front end carries it (:meth:`leave` once
+        when it is over); past ``max_inflight``: 429, before its body is read."""
+        stats = self.pool.stats
+        if self.max_inflight and stats.in_flight >= self.max_inflight:
+            stats.count_rejected("inflight")
+            raise TooManyRequests(f"the router is handling {stats.in_flight} requests")
+        stats.in_flight += 1
+
+    def leave(self) -> None:
+        """A request :meth:`admit` let in is over."""
+        self.pool.stats.in_flight -= 1
 
     # ---- 1. the request ------------------------------------------------------------------
 
@@ -138,15 +159,16 @@ class RouterCore:
     async def _owner(self, response_id: str) -> Worker:
         """The worker that stored ``response_id``; 404 if none did or it left the fleet."""
         url = await self.owners.owner(response_id)
+        said = echo(response_id)
         if url is None:
             raise ResponseNotFound(
-                f"Response with id '{response_id}' not found: no worker behind this router "
+                f"Response with id '{said}' not found: no worker behind this router "
                 "stored it (or the router has forgotten it: --response-owners-max)"
             )
         worker = self.pool.get(url)
         if worker is None or worker.removed:
             raise ResponseOwnerGone(
-                f"Response with id '{response_id}' was stored by worker {url}, which has left "
+                f"Response with id '{said}' was stored by worker {url}, which has left "
                 "the fleet: the engine kept it in that server's memory, so it is gone"
             )
         return worker
@@ -186,7 +208,7 @@ class RouterCore:
             raise NoHealthyWorkerError(str(exc) if decode else "no healthy worker") from None
         except ModelNotServed:
             model = r.features.model
-            message = f"The model `{model}` does not exist (no worker serves it)."
+            message = f"The model `{echo(model or '')}` does not exist (no worker serves it)."
             raise ModelNotFound(message) from None
         self.metrics.pick.observe(time.perf_counter() - t0)
         decisions = self.pool.stats.decisions
@@ -199,13 +221,14 @@ class RouterCore:
 
     def _owner_pick(self, owner: Worker, response_id: str | None) -> tuple[Worker, Pick]:
         """The owner of a stored response, the one worker that can take the request."""
+        said = echo(response_id or "")
         if owner.removed or owner not in self.pool.workers:
             raise ResponseOwnerGone(
-                f"the worker that stored response '{response_id}' ({owner.url}) left the fleet"
+                f"the worker that stored response '{said}' ({owner.url}) left the fleet"
             )
         if not owner.state.healthy:
             raise ResponseOwnerUnavailable(
-                f"the worker that stored response '{response_id}' ({owner.url}) is out of "
+                f"the worker that stored response '{said}' ({owner.url}) is out of "
                 "service now (its circuit is open)"
             )
         return owner, Pick(self.pool.workers.index(owner), "response_owner")
@@ -260,13 +283,20 @@ class RouterCore:
         for worker, reason in failures:
             self.pool.record_failure(worker, reason, request=True)
 
-    def learn_owner(self, data: bytes, worker: Worker) -> bool:
-        """Learn the owner from the response id in ``data``; True: not found yet."""
-        response_id = response_id_in(data)
-        if response_id is None:
-            return True
-        self.owners.learn(response_id, worker.url)
-        return False
+    def owner_reader(self, r: Routed, status: int) -> ResponseIdReader | None:
+        """A reader of the stored response's id in ``r``'s answer (a Responses API create
+        answered 200), for :meth:`learn_owner`; None: the answer stores nothing."""
+        return ResponseIdReader() if r.learn_owner and status == 200 else None
+
+    def learn_owner(
+        self, reader: ResponseIdReader, data: bytes, worker: Worker
+    ) -> ResponseIdReader | None:
+        """The answer's next bytes: learn ``worker`` as the owner once the id in them is
+        whole (it may straddle two reads). The reader while it still looks, else None."""
+        response_id = reader.feed(data)
+        if response_id is not None:
+            self.owners.learn(response_id, worker.url)
+        return None if reader.done else reader
 
     def report(self, r: Routed, worker: Worker, booking: Booking, usage: Usage) -> None:
         """Record the worker's cached tokens against the estimates; correct the shadow's

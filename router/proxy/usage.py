@@ -11,6 +11,9 @@ Streams: :class:`StreamScanner` forwards whole SSE events as they arrive (a part
 held until its end: a client cannot use half an event), finds the counts in the event that
 carries them, and drops the usage-only chunk (``"choices": []``) that the router asked the
 worker for when the client did not ask for it itself.
+
+Response ids: :class:`ResponseIdReader` finds a Responses API id in an answer read in pieces
+of any size (an id may straddle two reads), keeping only the last few bytes of each piece.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ import orjson
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _PROMPT = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')  # chat, responses
-_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[^"\\]{1,200})"')
+# the whitespace is bounded so that a match is too: a reader keeps fewer bytes than one
+_RESPONSE_ID = re.compile(rb'"id"\s{0,16}:\s{0,16}"(resp_[^"\\]{1,200})"')
+_RESPONSE_ID_SPAN = 4 + 16 + 1 + 16 + 1 + 5 + 200 + 1  # the longest match
+RESPONSE_ID_WITHIN = 64 << 10  # a response's id comes first: looked for in these bytes only
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 MAX_SCANNED_BODY = 4 << 20  # a non-streamed body longer than this is not scanned for usage
 MAX_PENDING = 1 << 20  # an "event" this long without a blank line is not SSE: pass it on
@@ -40,6 +46,37 @@ def response_id_in(data: bytes) -> str | None:
     before its output items' (``msg_...``, ``fc_...``), a stream's in its first event."""
     found = _RESPONSE_ID.search(data)
     return found.group(1).decode("ascii", "replace") if found else None
+
+
+class ResponseIdReader:
+    """The response id of an answer fed in pieces, as :func:`response_id_in` finds it in the
+    answer's first ``RESPONSE_ID_WITHIN`` bytes whole: each piece is searched after the last
+    bytes of the ones before (one match's length less one), so an id split between two reads
+    is found, and nothing more is kept."""
+
+    __slots__ = ("left", "tail")
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.left = RESPONSE_ID_WITHIN  # bytes still to look in; 0: done
+
+    @property
+    def done(self) -> bool:
+        """Found, or past the bytes where an id comes: feeding more finds nothing."""
+        return self.left <= 0
+
+    def feed(self, data: bytes) -> str | None:
+        """The id, when ``data`` completes it (once); None before that, and after."""
+        if self.left <= 0:
+            return None
+        data = data[: self.left]
+        self.left -= len(data)
+        window = self.tail + data if self.tail else data
+        found = _RESPONSE_ID.search(window)
+        if found is not None:
+            self.left = 0
+        self.tail = window[-(_RESPONSE_ID_SPAN - 1) :] if self.left > 0 else b""
+        return found.group(1).decode("ascii", "replace") if found is not None else None
 
 
 def scan_body(data: bytes) -> Usage | None:

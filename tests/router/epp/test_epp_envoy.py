@@ -145,6 +145,44 @@ def test_errors_and_clients_that_leave(tmp_path, workers) -> None:
         epp.stop()
 
 
+def test_get_v1_models_through_the_gateway_is_serves_answer(tmp_path, workers) -> None:
+    """The gateway's ``GET /v1/models``: the EPP answers it (an ImmediateResponse), with what
+    ``serve`` answers (the EPP's HTTP port is serve's app: the same function)."""
+    epp, grpc_port = start_epp(workers, tls=False)
+    envoy = Envoy(tmp_path, grpc_port).start()
+    try:
+        r = httpx.get(envoy.url + "/v1/models", timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "application/json"
+        assert [m["id"] for m in r.json()["data"]] == ["sim-model"]
+        assert r.json() == httpx.get(epp.url + "/v1/models", timeout=10).json()
+    finally:
+        envoy.stop()
+        epp.stop()
+
+
+@pytest.mark.parametrize("request_body", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def test_a_body_past_max_body_bytes_is_serves_413(tmp_path, workers, request_body) -> None:
+    """The EPP answers 413 as the body passes its limit, and closes the stream while the
+    gateway may still be sending it; the gateway then serves the next request as usual."""
+    epp, grpc_port = start_epp(workers, False, "--max-body-bytes", "65536")
+    envoy = Envoy(tmp_path, grpc_port, request_body=request_body,
+                  response_body="FULL_DUPLEX_STREAMED" if request_body != "BUFFERED"
+                  else "STREAMED").start()  # fmt: skip
+    try:
+        with httpx.Client(base_url=envoy.url, timeout=30) as client:
+            big = {"model": "sim-model", "prompt": "x" * (1 << 20)}
+            r = client.post("/v1/completions", json=big)
+            assert r.status_code == 413, r.text
+            assert r.json()["error"]["code"] == "request_too_large"
+            small = {"model": "sim-model", "max_tokens": 2, "prompt": "fits"}
+            assert client.post("/v1/completions", json=small).status_code == 200
+        assert wait_until(lambda: in_flight(epp.url) == 0, 10)
+    finally:
+        envoy.stop()
+        epp.stop()
+
+
 def test_workers_and_the_epp_named_by_host_name(tmp_path, workers) -> None:
     """Envoy's original-destination cluster takes ``ip:port`` only (a host name there is a
     503 "no healthy upstream"): the EPP names workers configured by host name by address.

@@ -1,6 +1,8 @@
 """DNS discovery (router/fleet/discovery_dns.py) against a real dnsmasq on 127.0.0.1: A, AAAA
 and SRV records become worker URLs, changes show within two intervals, NXDOMAIN empties the
 list, and a stopped or refusing server yields nothing (the last list stands) until it is back.
+A server that answers A but refuses or drops AAAA (or the reverse) resolves the name by the
+family that answers; the failing one keeps its last good addresses, and counts.
 
 The tests skip without dnsmasq, unless ``CACHE_ROUTER_DNS=1`` (set by CI), where they fail.
 dnsmasq re-reads ``--addn-hosts`` on SIGHUP but not the ``srv-host=`` lines of its config
@@ -12,8 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Iterator
 
+import dns.exception
+import dns.resolver
 import pytest
 from dns_support import Dnsmasq
 
@@ -186,6 +191,93 @@ async def test_refused_is_transient(dnsmasq):
             await feed.next(timeout=3 * INTERVAL)
         assert feed.source.stats.errors.get("server", 0) >= 1, feed.source.stats.errors
         assert feed.source.stats.snapshots == 0
+
+
+# dnsmasq answers .test from its files only; a name elsewhere is answered from the hosts file
+# when it lists that family, else forwarded: with no upstream, REFUSED (as the repro's server)
+
+
+async def test_aaaa_refused_keeps_the_a_answer(dnsmasq, caplog):
+    caplog.set_level(logging.INFO, logger="cache_router.discovery")
+    srv = "_vllm._tcp.fleet.test"
+    dnsmasq.set_hosts("10.0.0.1 w.example", "10.0.1.1 t1.example")
+    dnsmasq.set_srv((srv, "t1.example", 8001))
+    dnsmasq.start()
+    async with follow("dns://w.example:8000", dnsmasq) as feed:
+        assert await feed.next() == {"http://10.0.0.1:8000"}
+        assert await feed.next() == {"http://10.0.0.1:8000"}
+        stats = feed.source.stats
+        assert stats.errors.get("server", 0) >= 2, stats.errors  # counted every time
+        assert "AAAA" in (stats.last_error or "") and "REFUSED" in (stats.last_error or "")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "AAAA" in warnings[0], warnings  # once per streak
+    async with follow(f"dns+srv://{srv}", dnsmasq) as feed:  # an SRV target's too
+        assert await feed.next() == {"http://10.0.1.1:8001"}
+
+
+async def test_a_failing_family_keeps_its_last_addresses(dnsmasq, caplog):
+    caplog.set_level(logging.INFO, logger="cache_router.discovery")
+    dnsmasq.set_hosts("10.0.0.1 w.example", "fd00::1 w.example")
+    dnsmasq.start()
+    async with follow("dns://w.example:8000", dnsmasq) as feed:
+        assert await feed.next() == {"http://10.0.0.1:8000", "http://[fd00::1]:8000"}
+        assert feed.source.stats.errors == {}
+        # AAAA now refused: its last answer stands, the A change shows
+        dnsmasq.set_hosts("10.0.0.1 w.example", "10.0.0.2 w.example")
+        both_a = {"http://10.0.0.1:8000", "http://10.0.0.2:8000"}
+        await within_two(feed, frozenset({*both_a, "http://[fd00::1]:8000"}))
+        # A refused and AAAA back: the reverse
+        dnsmasq.set_hosts("fd00::2 w.example")
+        await within_two(feed, frozenset({*both_a, "http://[fd00::2]:8000"}))
+        # both answer again: exactly what they list
+        dnsmasq.set_hosts("10.0.0.3 w.example", "fd00::3 w.example")
+        await within_two(feed, frozenset({"http://10.0.0.3:8000", "http://[fd00::3]:8000"}))
+    assert any("answered again" in r.getMessage() for r in caplog.records)
+
+
+async def test_aaaa_dropped_keeps_the_a_answer(dnsmasq):
+    # AAAA of .example goes to a server that never answers: the query times out
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        dnsmasq.conf.write_text(f"server=/example/127.0.0.1#{silent.getsockname()[1]}\n")
+        dnsmasq.set_hosts("10.0.0.1 w.example")
+        dnsmasq.start()
+        async with follow("dns://w.example:8000", dnsmasq) as feed:
+            assert await feed.next() == {"http://10.0.0.1:8000"}
+            stats = feed.source.stats
+            assert stats.errors.get("timeout", 0) >= 1, stats.errors
+            assert stats.snapshots >= 1
+
+
+class _Answers:
+    """A resolver stub: per family, addresses or the exception dnspython would raise."""
+
+    def __init__(self, **answers) -> None:
+        self.answers = answers
+
+    async def resolve(self, name, rdtype, search=False):
+        answer = self.answers[rdtype]
+        if isinstance(answer, BaseException):
+            raise answer
+        return [type("Record", (), {"address": a})() for a in answer]
+
+
+async def test_nxdomain_drops_a_failing_familys_last_addresses():
+    source = DnsDiscovery.from_uri("dns://w.test:8000", INTERVAL, nameserver="127.0.0.1:1")
+    source._resolver = _Answers(A=["10.0.0.1"], AAAA=["fd00::1"])
+    assert await source.resolve() == {"http://10.0.0.1:8000", "http://[fd00::1]:8000"}
+    source._resolver = _Answers(A=["10.0.0.1"], AAAA=dns.exception.Timeout())
+    assert await source.resolve() == {"http://10.0.0.1:8000", "http://[fd00::1]:8000"}
+    source._resolver = _Answers(A=dns.resolver.NXDOMAIN(), AAAA=dns.exception.Timeout())
+    assert await source.resolve() == frozenset()  # the name is gone: nothing kept
+    source._resolver = _Answers(A=dns.exception.Timeout(), AAAA=dns.exception.Timeout())
+    with pytest.raises(dns.exception.Timeout):  # both fail: the look-up fails
+        await source.resolve()
+    source._resolver = _Answers(A=["10.0.0.1"], AAAA=RuntimeError("a bug"))
+    with pytest.raises(RuntimeError):  # not a DNS failure: never taken for one
+        await source.resolve()
+    # each family that failed alone counted (the whole failure counts in snapshots())
+    assert source.stats.errors == {"timeout": 2}
 
 
 def test_parse_dns_uri():

@@ -146,6 +146,42 @@ def test_requests_reach_only_workers_serving_their_model(fake_workers, router_se
     assert metrics[key] == 1
 
 
+def test_the_empty_model_is_a_model_nobody_serves(fake_workers, router_server) -> None:
+    """``"model": ""`` is the router's 404, as vLLM answers it, not passed to a worker."""
+    (worker,) = fake_workers(1)
+    worker.models = BASE_A
+    srv = router_server(workers=[worker.url], models_interval_s=0.2)
+    assert wait_until(lambda: httpx.get(srv.url + "/workers").json()[0]["models"] == ["model-a"])
+    with httpx.Client(base_url=srv.url, timeout=10) as client:
+        for path, body in [
+            ("/v1/chat/completions", {"model": "", "messages": [{"role": "user", "content": "x"}]}),
+            ("/v1/completions", {"model": "", "prompt": "hi"}),
+            ("/v1/responses", {"model": "", "input": "hi"}),
+            ("/v1/embeddings", {"model": "", "input": "hi"}),
+        ]:
+            r = client.post(path, json=body)
+            assert r.status_code == 404, (path, r.text)
+            assert "x-cache-router-worker" not in r.headers  # the router's own answer
+            assert r.json()["error"] == {
+                "message": "The model `` does not exist (no worker serves it).",
+                "type": "invalid_request_error",
+                "code": "model_not_found",
+            }
+        assert client.post("/v1/completions", json={"prompt": "hi"}).status_code == 200
+
+
+def test_a_huge_model_name_is_not_echoed_whole(fake_workers, router_server) -> None:
+    (worker,) = fake_workers(1)
+    worker.models = BASE_A
+    srv = router_server(workers=[worker.url], models_interval_s=0.2)
+    assert wait_until(lambda: httpx.get(srv.url + "/workers").json()[0]["models"] == ["model-a"])
+    huge = "g" * (1 << 20)
+    r = httpx.post(srv.url + "/v1/completions", json={"model": huge, "prompt": "hi"}, timeout=10)
+    assert r.status_code == 404 and len(r.content) < 1024
+    message = r.json()["error"]["message"]
+    assert message.startswith("The model `" + "g" * 256 + f"… ({1 << 20} characters)`")
+
+
 def test_adapter_blocks_are_no_hit_for_the_base_model_or_another_adapter(
     fake_workers, router_server
 ) -> None:

@@ -11,13 +11,21 @@ has gone through both legs as the engine defines them:
   every booking released on both roles, counted by protocol;
 - a fleet with prefill workers but no decode worker: a clear 503;
 - a decode worker killed in the middle of a replay: no request lost that had not started
-  streaming (the rest are retried on the other decode worker, after a new prefill leg).
+  streaming (the rest are retried on the other decode worker, after a new prefill leg);
+- ``cache-router serve --prefill URL URL --decode URL URL`` as it ships, no P/D flag given:
+  ``--pd-protocol auto`` finds each engine's protocol, ``--policy ttft`` and
+  ``--decode-policy decode_load`` pick, an SGLang prefill URL without a port has the default
+  bootstrap port.
+
+Misbehaving workers (who is blamed, what the client and ``/health`` see):
+test_disaggregated_faults.py.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,11 +41,15 @@ SIM_ARGS = ["--time-scale", "50", "--log-level", "warning"]
 SYSTEM = "You are a careful assistant who answers briefly. " * 40  # a multi-block prefix
 
 
-def _start(flavor: str, role: str, i: int) -> tuple[Service, int | None]:
+def _start(
+    flavor: str, role: str, i: int, default_bootstrap: bool = False
+) -> tuple[Service, int | None]:
+    """A sim worker; an SGLang prefill worker's bootstrap port: a free one, or with
+    ``default_bootstrap`` SGLang's default (the worker's and the router's: no flag given)."""
     port = free_port()
     args = ["sim-worker", "--port", str(port), "--flavor", flavor, "--role", role, *SIM_ARGS]
     bootstrap = None
-    if flavor == "sglang" and role == "prefill":
+    if flavor == "sglang" and role == "prefill" and not default_bootstrap:
         bootstrap = free_port()
         args += ["--disaggregation-bootstrap-port", str(bootstrap)]
     return start_service(f"{flavor}-{role}-{i}", args, port), bootstrap
@@ -230,3 +242,70 @@ def test_a_dead_prefill_worker_is_retried_elsewhere_and_taken_out(router_server,
     assert not workers[dead]["healthy"] and workers[dead]["requests_total"] >= 1
     assert all(w["num_requests"] == 0 and w["held_tokens"] == 0 for w in workers.values())
     assert _metric(router.url, "cache_router_retries_total", reason="connect_error") >= 1
+
+
+SGLANG_DEFAULT_BOOTSTRAP = 8998  # sglang's --disaggregation-bootstrap-port, and the router's
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_serve_as_it_ships_in_front_of_either_engine(flavor):
+    """No --pd-protocol (auto: the engine of each prefill worker's /metrics), no --policy,
+    no --decode-policy, and for SGLang one prefill URL with no bootstrap port (8998, the
+    engine's default too): every request answered by a decode worker, by the engine's
+    protocol, from the first one on."""
+    if flavor == "sglang" and not _port_free(SGLANG_DEFAULT_BOOTSTRAP):
+        pytest.skip(f"port {SGLANG_DEFAULT_BOOTSTRAP} (SGLang's default bootstrap) is taken")
+    started: list[Service] = []
+    try:
+        prefill = [_start(flavor, "prefill", 20, default_bootstrap=True)]
+        started.append(prefill[0][0])
+        prefill.append(_start(flavor, "prefill", 21))
+        started.append(prefill[1][0])
+        decode = [_start(flavor, "decode", 20 + i)[0] for i in range(2)]
+        started += decode
+        flags = [service.url for service, _ in prefill] + (
+            [str(prefill[1][1])] if prefill[1][1] else []
+        )
+        port = free_port()
+        args = ["serve", "--port", str(port), "--prefill", *flags,
+                "--decode", *(d.url for d in decode), "--log-level", "warning"]  # fmt: skip
+        router = start_service(f"serve-{flavor}", args, port)
+        started.append(router)
+        decode_urls = {d.url for d in decode}
+        served = 0
+        with httpx.Client(base_url=router.url, timeout=30) as client:
+            for i in range(8):
+                stream = i % 2 == 1
+                if i % 4 < 2:
+                    r = client.post("/v1/chat/completions", json=_chat(300 + i, stream))
+                else:
+                    body = {"model": "sim-model", "prompt": SYSTEM + f"{i}", "max_tokens": 4}
+                    r = client.post("/v1/completions", json={**body, "stream": stream})
+                assert r.status_code == 200, (i, r.text)
+                assert r.headers["x-cache-router-worker"] in decode_urls
+                if i % 4 < 2:
+                    assert len(_answer_text(r, stream)) > 0
+                served += 1
+        assert _metric(router.url, "cache_router_disaggregated_requests_total",
+                       protocol=flavor, outcome="ok") == served  # fmt: skip
+        workers = httpx.get(router.url + "/workers", timeout=5).json()
+        assert all(w["num_requests"] == 0 for w in workers)
+        assert {w["worker_metrics"]["engine"] for w in workers if w["role"] == "prefill"} == {
+            flavor
+        }
+        received = sum(
+            _metric(d.url, "sim:kv_transfers_total", direction="received") for d in decode
+        )
+        assert received == served
+    finally:
+        for service in reversed(started):
+            service.stop()

@@ -117,6 +117,9 @@ def test_other_endpoints_name_a_model_or_none():
     audio = parse_other("audio", b"--b\r\n...", b"multipart/form-data; boundary=b", None)
     assert audio.model is None and audio.body == {}
     assert parse_other(EMBEDDINGS, b"", None, "s").session_id == "s"
+    # the empty model is a model name (nobody serves it: a 404), not "no model"
+    assert parse_other(EMBEDDINGS, b'{"model": ""}', None, None).model == ""
+    assert parse_request(COMPLETION, b'{"model": "", "prompt": "x"}', None).model == ""
     for raw in (b"{", b"[1]", b'{"model": 1}'):
         with pytest.raises(BadRequest):
             parse_other(EMBEDDINGS, raw, None, None)

@@ -9,15 +9,20 @@ sim workers (each keeps its stored responses in its own memory, as vLLM does).
 - a chain of 24 turns through ``--processes 2``, once both children serve (one connection
   per request, so turns land on both processes: all 23 continuations on their owner's
   process by chance is a 2**-23 event): the owners are shared;
-- ``/v1/embeddings`` reaches the workers, spread by load; counters by endpoint.
+- ``/v1/embeddings`` reaches the workers, spread by load; counters by endpoint;
+- a worker that writes its answer in two TCP writes split inside the response id (a body or
+  an event stream): the router learns the id all the same, and the GET reaches the worker;
+- a huge unknown id (in the path, or as ``previous_response_id``) is not echoed whole.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -297,3 +302,125 @@ def test_a_client_gone_mid_upload_releases_everything(router_server, workers) ->
     r = httpx.post(router.url + "/v1/audio/transcriptions", content=head + tail,
                    headers={"content-type": content_type}, timeout=10)  # fmt: skip
     assert r.status_code == 200
+
+
+class SplitWorker:
+    """A worker whose answer to ``POST /v1/responses`` comes in two TCP writes, cut inside
+    its id; it answers ``GET /v1/responses/{id}`` and ``/v1/models``, on 127.0.0.1."""
+
+    def __init__(self, answer: bytes, content_type: bytes, cut: int) -> None:
+        self.answer, self.content_type, self.cut = answer, content_type, cut
+        self.gets: list[str] = []
+        self.connections: set[asyncio.Task] = set()
+        self.loop = asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._serve, "127.0.0.1", 0)
+        )
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.connections.add(task)
+        try:
+            while True:
+                await self._answer(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            self.connections.discard(task)
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        method, path, _ = head[0].split(" ", 2)
+        length = next((int(h.split(":")[1]) for h in head
+                       if h.lower().startswith("content-length:")), 0)  # fmt: skip
+        await reader.readexactly(length)
+        if method == "POST" and path == "/v1/responses":
+            await self._split(writer)
+            return
+        if path.startswith("/v1/responses/"):
+            self.gets.append(path.rsplit("/", 1)[1])
+            out = json.dumps({"id": self.gets[-1], "object": "response"}).encode()
+        elif path == "/v1/models":
+            out = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+        else:
+            out = b"{}"
+        writer.write(self._head(b"application/json", len(out)) + out)
+        await writer.drain()
+
+    async def _split(self, writer: asyncio.StreamWriter) -> None:
+        answer, cut = self.answer, self.cut
+        writer.write(self._head(self.content_type, len(answer)) + answer[:cut])
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the router reads the first part alone
+        writer.write(answer[cut:])
+        await writer.drain()
+
+    @staticmethod
+    def _head(content_type: bytes, length: int) -> bytes:
+        return b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
+            content_type, length,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            connections = list(self.connections)  # the router's kept-alive connections
+            for task in connections:
+                task.cancel()
+            await asyncio.gather(*connections, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+_SPLIT_BODY = b'{"id":"resp_split3","object":"response","status":"completed","output":[]}'
+_SPLIT_STREAM = (
+    b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_split3",'
+    b'"status":"in_progress"}}\n\nevent: response.output_text.delta\n'
+    b'data: {"type":"response.output_text.delta","delta":"hi"}\n\n'
+)  # the id once, in the first event
+
+
+@pytest.mark.parametrize(
+    ("answer", "content_type", "stream"),
+    [(_SPLIT_BODY, b"application/json", False), (_SPLIT_STREAM, b"text/event-stream", True)],
+    ids=["body", "stream"],
+)
+def test_an_id_split_across_two_reads_is_learned(router_server, answer, content_type, stream):
+    worker = SplitWorker(answer, content_type, answer.index(b"resp_split3") + 7)  # "resp_sp|"
+    try:
+        router = router_server(workers=[worker.url])
+        assert wait_until(lambda: router.call(lambda: router.app.pool.workers[0].models))
+        with httpx.Client(base_url=router.url, timeout=10) as client:
+            body = {"model": "m", "input": "x", "stream": stream}
+            created = client.post("/v1/responses", json=body)
+            assert created.status_code == 200 and created.content == answer
+            got = client.get("/v1/responses/resp_split3")
+            assert got.status_code == 200, got.text
+            assert got.headers["x-cache-router-worker"] == worker.url
+        assert worker.gets == ["resp_split3"]
+    finally:
+        worker.close()
+
+
+def test_a_huge_unknown_id_is_not_echoed_whole(router_server, fake_workers) -> None:
+    (worker,) = fake_workers(1)
+    router = router_server(workers=[worker.url])
+    long_id, huge_id = "resp_" + "a" * 8000, "resp_" + "b" * (1 << 20)
+    with httpx.Client(base_url=router.url, timeout=10) as client:
+        for r, said in [
+            (client.get(f"/v1/responses/{long_id}"), "a" * 251 + "… (8005 characters)"),
+            (client.post("/v1/responses", json={"input": "x", "previous_response_id": huge_id}),
+             "b" * 251 + f"… ({len(huge_id)} characters)"),
+        ]:  # fmt: skip
+            assert r.status_code == 404 and len(r.content) < 1024
+            error = r.json()["error"]
+            assert error["code"] == "response_not_found"
+            assert error["message"].startswith(f"Response with id 'resp_{said}' not found")

@@ -1,11 +1,20 @@
-"""Reading cached tokens from bodies and streams; dropping the injected usage chunk."""
+"""Reading cached tokens from bodies and streams; dropping the injected usage chunk; a
+response id read from an answer cut into pieces anywhere (property-based: any chunking finds
+the id the whole answer holds)."""
 
 from __future__ import annotations
 
 import json
+import string
+from itertools import pairwise
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.proxy.usage import (
     MAX_SCANNED_BODY,
+    RESPONSE_ID_WITHIN,
+    ResponseIdReader,
     StreamScanner,
     Usage,
     UsageReader,
@@ -126,3 +135,90 @@ def test_usage_reader_stream_body_and_limits():
     huge.feed(b" " * MAX_SCANNED_BODY, False)
     huge.feed(body, True)
     assert huge.usage() is None
+
+
+# ---- the response id, read in pieces ----------------------------------------------------
+
+_ID_CHARS = string.ascii_letters + string.digits + "-_"
+_ID = st.one_of(  # short, or about the longest the router takes (200 after ``resp_``)
+    st.text(_ID_CHARS, min_size=1, max_size=40), st.text(_ID_CHARS, min_size=190, max_size=210)
+)
+_SPACE = st.text(" \t\r\n", max_size=3)
+_DECOYS = st.lists(
+    st.sampled_from([
+        b'"id":"msg_1",',  # an output item's id
+        b'"id":"resp_",',  # no id after the prefix
+        b'"text":"say \\"id\\":\\"resp_fake\\"",',  # quoted inside a string: escaped
+        b'"object":"response",',
+    ]),
+    max_size=3,
+)  # fmt: skip
+# before the id: nothing much, or enough to bring it near the end of the bytes searched
+_FILLER = st.one_of(
+    st.integers(0, 300), st.integers(RESPONSE_ID_WITHIN - 400, RESPONSE_ID_WITHIN + 50)
+)
+
+
+@st.composite
+def answers(draw) -> bytes:
+    """A worker's answer to a create: a JSON body or an event stream (response.created
+    first), its id written with any spacing, decoys around it, or no id at all."""
+    key = b""
+    if draw(st.booleans()) or draw(st.booleans()):
+        space = draw(_SPACE).encode()
+        key = b'"id"' + space + b":" + draw(_SPACE).encode() + b'"resp_' + draw(_ID).encode()
+        key += b'",'
+    fields = b"".join(draw(_DECOYS)) + key + b"".join(draw(_DECOYS))
+    fields += b'"instructions":"' + b"x" * draw(_FILLER) + b'"'
+    if draw(st.booleans()):
+        return b"{" + fields + b',"status":"completed","output":[]}'
+    created = b'{"type":"response.created","response":{' + fields + b"}}"
+    done = b'{"type":"response.output_item.added","item":{"id":"msg_2","type":"message"}}'
+    return (
+        b"event: response.created\ndata: " + created + b"\n\n"
+        b"event: response.output_item.added\ndata: " + done + b"\n\ndata: [DONE]\n\n"
+    )
+
+
+def read_in_pieces(data: bytes, cuts: list[int]) -> list[str]:
+    """Every id a reader returns, fed ``data`` cut at ``cuts``."""
+    reader = ResponseIdReader()
+    edges = [0, *sorted(cuts), len(data)]
+    found = [reader.feed(data[a:b]) for a, b in pairwise(edges)]
+    assert reader.done or len(data) < RESPONSE_ID_WITHIN
+    assert len(reader.tail) < 300  # never more than one match's length kept
+    return [f for f in found if f is not None]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=answers(), pieces=st.data())
+def test_any_chunking_finds_the_id_the_whole_answer_holds(data: bytes, pieces) -> None:
+    whole = response_id_in(data[:RESPONSE_ID_WITHIN])
+    if len(data) <= 4096 and pieces.draw(st.booleans(), "byte by byte"):
+        cuts = list(range(1, len(data)))
+    else:
+        cuts = pieces.draw(st.lists(st.integers(0, len(data)), max_size=30), "cuts")
+    assert read_in_pieces(data, cuts) == ([] if whole is None else [whole])
+
+
+def test_an_id_split_anywhere_is_found_once() -> None:
+    data = b'{"id":"resp_split3","object":"response","status":"completed","output":[]}'
+    for cut in range(len(data) + 1):
+        assert read_in_pieces(data, [cut]) == ["resp_split3"], cut
+    assert read_in_pieces(data, list(range(1, len(data)))) == ["resp_split3"]
+
+
+def test_the_reader_keeps_little_and_stops_past_where_an_id_comes() -> None:
+    reader = ResponseIdReader()
+    assert reader.feed(b" " * (50 << 20)) is None  # one huge piece: not kept
+    assert reader.done and reader.tail == b""
+    assert reader.feed(b'{"id":"resp_late"}') is None  # past the first bytes: not looked at
+    reader = ResponseIdReader()
+    for _ in range(RESPONSE_ID_WITHIN // 1024 - 1):
+        assert reader.feed(b"x" * 1024) is None
+        assert len(reader.tail) < 300
+    assert reader.feed(b"x" * 1019) is None
+    assert not reader.done
+    piece = b'"id":"resp_edge"'
+    assert reader.feed(piece) is None  # it straddles the end of the bytes looked in
+    assert reader.done
