@@ -14,6 +14,12 @@ fractions of prompt tokens; ``imbalance`` is max / mean requests per worker. Whe
 simulator-only ``oracle`` ran too (``traces/oracle.py``), every policy also gets
 ``ttft_p50_x_oracle``, ``ttft_p90_x_oracle``, ``ttft_p99_x_oracle`` (its TTFT percentile over
 the oracle's), and the table a "x oracle" column after each TTFT column.
+
+``simulate`` also writes the trace's ``bounds`` on the fleet (:class:`traces.bounds.Bounds`:
+the TTFT floors' percentiles, the hit ceiling, the load ceiling); every policy then gets
+``hit_rate_x_bound`` (its hit rate over the ceiling) and ``ttft_p50_x_bound``,
+``ttft_p90_x_bound``, ``ttft_p99_x_bound`` (its percentile over the floor's), and the table
+an "x bound" column beside each and a last row, ``bound``.
 """
 
 from __future__ import annotations
@@ -29,16 +35,27 @@ from traces.oracle import ORACLE
 from traces.simulator import PolicyRun
 
 ORACLE_RATIOS = ("ttft_p50", "ttft_p90", "ttft_p99")
+BOUND_RATIOS = {  # a policy's figure -> the bound it is set against
+    "hit_rate": "hit_ceiling",
+    "ttft_p50": "ttft_p50",
+    "ttft_p90": "ttft_p90",
+    "ttft_p99": "ttft_p99",
+}
+BOUND_ROW = "bound"
 
 TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # key, header, format
     ("hit_rate", "hit rate", "{:.1%}"),
+    ("hit_rate_x_bound", "x bound", "{:.2f}"),
     ("ttft_p50", "TTFT p50 s", "{:.3f}"),
     ("ttft_p50_x_oracle", "x oracle", "{:.2f}"),
+    ("ttft_p50_x_bound", "x bound", "{:.2f}"),
     ("ttft_p90", "TTFT p90 s", "{:.3f}"),
     ("ttft_p90_x_oracle", "x oracle", "{:.2f}"),
+    ("ttft_p90_x_bound", "x bound", "{:.2f}"),
     ("ttft_p99", "TTFT p99 s", "{:.3f}"),
     ("ttft_p99_x_oracle", "x oracle", "{:.2f}"),
+    ("ttft_p99_x_bound", "x bound", "{:.2f}"),
     ("tpot_p50", "TPOT p50 ms", "ms"),
     ("e2e_p50", "E2E p50 s", "{:.2f}"),
     ("e2e_p99", "E2E p99 s", "{:.2f}"),
@@ -71,14 +88,37 @@ def results_document(
     }
 
 
+def add_bounds(document: dict[str, Any], bounds: Mapping[str, float]) -> None:
+    """``bounds`` (:meth:`traces.bounds.Bounds.as_dict`) in ``document``, and each policy's
+    ``*_x_bound`` ratios (module docstring)."""
+    document["bounds"] = dict(bounds)
+    for entry in document["policies"].values():
+        for key, bound in BOUND_RATIOS.items():
+            value, limit = entry.get(key), bounds[bound]
+            entry[f"{key}_x_bound"] = value / limit if value is not None and limit else None
+
+
 def markdown_table(document: Mapping[str, Any]) -> str:
-    """One row per policy, the columns of :data:`TABLE_COLUMNS` ("x oracle" ones if it ran)."""
+    """One row per policy, the columns of :data:`TABLE_COLUMNS` ("x oracle" ones if it ran,
+    "x bound" ones and a last ``bound`` row if the document has bounds)."""
     with_oracle = ORACLE in document["policies"]
-    columns = [c for c in TABLE_COLUMNS if with_oracle or not c[0].endswith("_x_oracle")]
+    bounds = document.get("bounds")
+    columns = [
+        c
+        for c in TABLE_COLUMNS
+        if (with_oracle or not c[0].endswith("_x_oracle"))
+        and (bounds is not None or not c[0].endswith("_x_bound"))
+    ]
     header = "| policy | requests | " + " | ".join(h for _, h, _ in columns) + " |"
     rule = "|---|---:|" + "---:|" * len(columns)
     rows = [header, rule]
-    for name, entry in document["policies"].items():
+    entries = dict(document["policies"])
+    if bounds is not None:
+        requests = next(iter(entries.values()), {}).get("requests", "")
+        entries[BOUND_ROW] = {"requests": requests} | {
+            key: bounds[bound] for key, bound in BOUND_RATIOS.items()
+        }
+    for name, entry in entries.items():
         cells = []
         for key, _, fmt in columns:
             value = entry.get(key)
@@ -103,8 +143,24 @@ def write_results(document: Mapping[str, Any], out_dir: Path) -> list[Path]:
         f"# Policy comparison: {trace.get('name', 'trace')}\n\n"
         f"{document['workers']} workers, {trace.get('requests', '?')} requests.\n\n"
         f"{markdown_table(document)}\n"
+        + (f"\n{bounds_note(document['bounds'])}\n" if "bounds" in document else "")
     )
     return [json_path, md_path]
+
+
+def bounds_note(bounds: Mapping[str, float]) -> str:
+    """The bounds in a sentence (how the ``bound`` row was made: traces/bounds.py)."""
+    load = (
+        "none (no prefill work or no span)"
+        if bounds["load_ceiling"] is None
+        else f"{bounds['load_ceiling']:.2f}x the trace ({bounds['load_ceiling_rps']:.2f} req/s, "
+        f"{bounds['load_ceiling_tokens_per_s']:,.0f} prompt tokens/s)"
+    )
+    return (
+        f"bound: TTFT floors (infinite caches, no queue), hit ceiling {bounds['hit_ceiling']:.1%} "
+        f"(Belady on the pooled {bounds['pooled_kv_tokens']:,} KV tokens; never evicting: "
+        f"{bounds['infinite_hit_ceiling']:.1%}), load ceiling {load}"
+    )
 
 
 def write_plots(runs: Sequence[PolicyRun], out_dir: Path) -> list[Path]:

@@ -7,6 +7,9 @@ Every policy sees the same trace and a fresh fleet (fresh worker models and shad
 instead of ``--workers``: each policy picks the prefill worker, ``--decode-policy`` the
 decode worker, and the prompt's KV crosses in ``--kv-transfer-latency-ms`` plus its bytes
 (``--kv-bytes-per-token``) at ``--kv-transfer-gbps`` (traces/simulator.py).
+
+Every report also sets the policies against the trace's bounds on the fleet that prefills
+(traces/bounds.py: TTFT floors, hit ceiling, load ceiling); ``capped``'s are the full trace's.
 """
 
 from __future__ import annotations
@@ -22,12 +25,20 @@ from policies.base import Picker
 from policies.registry import PICKER_NAMES, make_picker, picker_params
 from router.cache.worker_state import SHADOW_KINDS
 from traces import kv_transfer
+from traces.bounds import Bounds, trace_bounds
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.formats import load_trace
 from traces.oracle import ORACLE, OraclePicker
 from traces.pacing import PACINGS
 from traces.record import TraceRequest
-from traces.report import markdown_table, results_document, write_plots, write_results
+from traces.report import (
+    add_bounds,
+    bounds_note,
+    markdown_table,
+    results_document,
+    write_plots,
+    write_results,
+)
 from traces.simulator import PolicyRun, SimConfig, simulate
 from traces.stats import hit_ceiling
 from traces.worker_model import add_model_options, model_config_from_args
@@ -78,6 +89,15 @@ def cap_output(trace: Sequence[TraceRequest], max_tokens: int) -> list[TraceRequ
     return [replace(r, output_length=min(r.output_length, max_tokens)) for r in trace]
 
 
+def select_requests(trace: list[TraceRequest], args: argparse.Namespace) -> list[TraceRequest]:
+    """``--max-requests`` and ``--max-output-tokens`` applied to ``trace``."""
+    if args.max_requests is not None:
+        trace = trace[: args.max_requests]
+    if args.max_output_tokens is not None:
+        trace = cap_output(trace, args.max_output_tokens)
+    return trace
+
+
 def trace_summary(path: str, trace: Sequence[TraceRequest]) -> dict:
     ceiling = hit_ceiling(trace)
     return {
@@ -110,14 +130,16 @@ CORRECTIONS: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 """``--correct-shadow`` choices as ``SimConfig.correct_shadow`` values."""
 
 
-def add_simulation_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``simulate`` and ``demo``."""
+def add_simulation_options(p: argparse.ArgumentParser, speedup: bool = True) -> None:
+    """Options shared by ``simulate``, ``demo`` and ``capacity`` (which searches the speedup:
+    ``speedup=False`` leaves that flag out)."""
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated picker names")
     p.add_argument("--workers", type=int, default=8, help="simulated workers")
     add_disaggregation_options(p)
     p.add_argument("--shadow", choices=SHADOW_KINDS, default="blocks", help="router shadow")
     add_model_options(p, "each worker's KV cache in tokens (the shadows get the same)")
-    p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+    if speedup:
+        p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
     add_pacing_option(p)
     p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
     p.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
@@ -183,7 +205,8 @@ def add_pacing_option(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    if args.workers < 1 or args.speedup <= 0 or args.kv_capacity_tokens < 512:
+    speedup = getattr(args, "speedup", 1.0)
+    if args.workers < 1 or speedup <= 0 or args.kv_capacity_tokens < 512:
         raise ValueError("need --workers >= 1, --speedup > 0, --kv-capacity-tokens >= 512")
     prefill, decode = getattr(args, "prefill_workers", 0), getattr(args, "decode_workers", 0)
     if (prefill > 0) != (decode > 0) or prefill < 0 or decode < 0:
@@ -194,7 +217,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         workers=args.workers,
         worker=worker,
         shadow=args.shadow,
-        speedup=args.speedup,
+        speedup=speedup,
         pacing=args.pacing,
         kv_events=getattr(args, "kv_events", False),
         kv_event_delay_s=getattr(args, "kv_event_delay_ms", 50.0) / 1000,
@@ -215,10 +238,7 @@ def run_and_report(
     """Simulate every policy of ``args``, print the table, write results (and plots)."""
     config = config_from_args(args)
     policies = parse_policies(args.policies, offline=True)
-    if args.max_requests is not None:
-        trace = trace[: args.max_requests]
-    if args.max_output_tokens is not None:
-        trace = cap_output(trace, args.max_output_tokens)
+    trace = select_requests(trace, args)
     fleet = (
         f"{config.prefill_workers} prefill + {config.decode_workers} decode workers "
         f"(decode policy {config.decode_policy})"
@@ -235,6 +255,7 @@ def run_and_report(
     summary = trace_summary(trace_path, trace)
     document = results_document(summary, config.fleet_size, time.perf_counter() - started, runs)
     document["pacing"] = config.pacing
+    add_bounds(document, fleet_bounds(trace, config).as_dict())
     if config.disaggregated:
         add_disaggregation(document, config, runs)
     written = write_results(document, out)
@@ -246,10 +267,16 @@ def run_and_report(
     print(markdown_table(document))
     if config.disaggregated:
         print(f"\ndisaggregated, {fleet}:\n{disaggregation_table(document)}")
-    if summary["hit_ceiling"] is not None:
-        print(f"\ninfinite-cache hit ceiling of this trace: {summary['hit_ceiling']:.1%}")
+    print(f"\n{bounds_note(document['bounds'])}")
     print(f"{document['wall_seconds']:.1f} s; wrote {', '.join(str(p) for p in written)}")
     return document
+
+
+def fleet_bounds(trace: Sequence[TraceRequest], config: SimConfig) -> Bounds:
+    """The trace's bounds on the fleet that prefills (a disaggregated fleet's prefill
+    workers): traces/bounds.py."""
+    workers = config.prefill_workers if config.disaggregated else config.workers
+    return trace_bounds(trace, workers, config.worker)
 
 
 DISAGGREGATION_COLUMNS: tuple[tuple[str, str, str], ...] = (

@@ -10,8 +10,10 @@ trace. Workers are either given (``--worker``, real vLLM / SGLang) or started he
 With ``--sim-workers`` the simulated workers run ``--speedup`` times faster than real time,
 like the arrivals, so the fleet sees the trace's load; client-measured times are then
 multiplied by the speedup, so they read in the modelled deployment's seconds
-(``time_scale`` in results.json says by how much). ``--sim-kv-events``: the sim workers publish
-their KV events and each router runs in precise mode (``--kv-events --kv-events-connect``).
+(``time_scale`` in results.json says by how much). ``--sim-time-scale T`` runs them T times
+faster instead, so the fleet sees ``speedup / T`` times the trace's load (``capacity
+--live``). ``--sim-kv-events``: the sim workers publish their KV events and each router runs
+in precise mode (``--kv-events --kv-events-connect``).
 
 The shadows' fidelity is the router's own: before each router stops, its
 ``cache_router_shadow_error_ratio{shadow}`` is read into ``shadow_abs_error_blocks``,
@@ -178,12 +180,12 @@ def run_sweep(
     """Replay ``trace`` once per policy in ``args.policies``: results.json and the runs."""
     policies = parse_policies(args.policies)
     extra_router = shlex.split(args.router_args)
-    time_scale = args.speedup if args.sim_workers else 1.0
+    time_scale = sim_time_scale(args) if args.sim_workers else 1.0
     outcomes: list[ReplayOutcome] = []
     shadows: dict[str, dict[str, float]] = {}
     lags: dict[str, dict[str, float]] = {}
     started = time.perf_counter()
-    sim_args = ["--time-scale", str(args.speedup), *shlex.split(args.sim_worker_args)]
+    sim_args = ["--time-scale", str(time_scale), *shlex.split(args.sim_worker_args)]
     kv_events = "worker-binds" if args.sim_kv_events and args.sim_workers else None
     if kv_events is not None:
         extra_router += ["--kv-events", "--kv-events-connect"]
@@ -217,6 +219,12 @@ def run_sweep(
     )  # fmt: skip
     document["pacing"] = args.pacing
     return document, outcomes
+
+
+def sim_time_scale(args: argparse.Namespace) -> float:
+    """How much faster than real time the sim workers run: ``--sim-time-scale``, by default
+    ``--speedup`` (the fleet then sees the trace's own load)."""
+    return getattr(args, "sim_time_scale", None) or args.speedup
 
 
 def _option(argv: Sequence[str], name: str) -> str:
@@ -288,6 +296,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--worker", nargs="+", action="extend", default=[], help="worker base URLs")
     s.add_argument("--sim-workers", type=int, default=0, help="start N simulated workers")
     s.add_argument("--sim-worker-args", default="", help="extra sim-worker options")
+    s.add_argument("--sim-time-scale", type=float, default=None,
+                   help="the sim workers run this many times faster than real time (default: "
+                   "--speedup, the trace's own load); they see speedup / this times the "
+                   "trace's load")  # fmt: skip
     s.add_argument("--router-args", default="", help="extra `cache-router serve` options")
     s.add_argument("--sim-kv-events", action="store_true",
                    help="sim workers publish KV events; routers run --kv-events")  # fmt: skip

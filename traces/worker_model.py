@@ -151,6 +151,19 @@ def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModel
     )
 
 
+def model_argv(config: WorkerModelConfig) -> list[str]:
+    """:func:`add_model_options`' flags for ``config`` (a sim worker started to match it)."""
+    return [
+        "--kv-capacity-tokens", str(config.kv_capacity_tokens),
+        "--prefill-tokens-per-s", repr(config.prefill_tokens_per_s),
+        "--step-overhead-ms", repr(config.step_overhead_s * 1000),
+        "--decode-ms-per-seq", repr(config.decode_s_per_seq * 1000),
+        "--chunk-tokens", str(config.chunk_tokens),
+        "--max-loras", str(config.max_loras),
+        "--lora-load-ms", repr(config.lora_load_s * 1000),
+    ]  # fmt: skip
+
+
 @dataclass(eq=False)
 class SimRequest:
     """A request inside a worker model; times are the model's clock."""

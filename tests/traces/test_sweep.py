@@ -91,6 +91,9 @@ def test_demo_offline_prints_the_table(tmp_path: Path, capsys):
     doc = json.loads((tmp_path / "offline" / "results.json").read_text())
     assert doc["pacing"] == "session"  # an agentic trace: turns after answers
     assert "x the 4 workers' prefill rate" in captured.err  # how loaded the fleet is
+    capacity = json.loads((tmp_path / "capacity" / "capacity.json").read_text())
+    assert set(capacity["policies"]) == {*doc["policies"], "round_robin"}
+    assert "| bound |" in captured.out and "below every policy's knee" in captured.err
 
 
 @SLOW

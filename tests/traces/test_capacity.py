@@ -1,0 +1,167 @@
+"""The capacity search (traces/capacity.py) on fake curves, and ``cache-router capacity``."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from router.cli import main
+from traces.capacity import SLO, Grid, Point, parse_slo, search_capacity, slos_hold, summarize
+
+P90 = SLO("ttft", 90, 2.0)
+
+
+def curve(f: Callable[[float], float]) -> tuple[Callable[[float], dict], list[float]]:
+    """``evaluate`` reading ttft_p90 = f(load), and the loads it was asked for."""
+    asked: list[float] = []
+
+    def evaluate(load: float) -> dict:
+        asked.append(load)
+        return {"ttft_p90": f(load)}
+
+    return evaluate, asked
+
+
+def holds(metrics: dict) -> bool:
+    return slos_hold([P90], metrics)
+
+
+def test_monotone_curve() -> None:
+    """p90 = load: up the grid 1, 1.5, 2.25 (fails), one point above it, then bisection to
+    within 3% of 2."""
+    evaluate, asked = curve(lambda load: load)
+    result = search_capacity(evaluate, holds, Grid())
+    assert asked[:4] == [1.0, 1.5, 2.25, 3.375]
+    assert result.monotone and not result.censored and result.holds_again is None
+    assert result.capacity <= 2.0 < result.first_fail <= result.capacity * 1.03
+    assert len(asked) == len(set(asked)) <= 9
+
+
+def test_non_monotone_curve_is_reported() -> None:
+    """Fails on [2, 3), holds again on [3, 4): the capacity is below the first failure and
+    the load that holds above it is reported with monotone False."""
+    evaluate, _ = curve(lambda load: 5.0 if 2 <= load < 3 or load >= 4 else 1.0)
+    result = search_capacity(evaluate, holds, Grid())
+    assert not result.monotone
+    assert result.holds_again == pytest.approx(3.375)
+    assert result.capacity < 2.0 <= result.first_fail <= result.capacity * 1.03
+
+
+def test_down_the_grid_when_the_start_fails() -> None:
+    evaluate, asked = curve(lambda load: load * 10)  # holds below 0.2
+    result = search_capacity(evaluate, holds, Grid())
+    assert asked[:5] == pytest.approx([1.0, 1 / 1.5, 1 / 1.5**2, 1 / 1.5**3, 1 / 1.5**4])
+    assert result.capacity <= 0.2 < result.first_fail <= result.capacity * 1.03
+    assert result.monotone  # 1.0 failing is not a second failure region
+
+
+def test_a_plateau_stops_the_way_down() -> None:
+    """The SLO fails at every load (the trace's bursts, not the queue): two loads with the
+    same p90 are enough; no capacity."""
+    evaluate, asked = curve(lambda load: 5.0)
+    flat = lambda higher, lower: lower["ttft_p90"] >= higher["ttft_p90"]  # noqa: E731
+    result = search_capacity(evaluate, holds, Grid(), flat=flat)
+    assert asked == [1.0, 1 / 1.5]
+    assert result.capacity is None and result.first_fail == pytest.approx(1 / 1.5)
+    evaluate, asked = curve(lambda load: 5.0)
+    assert search_capacity(evaluate, holds, Grid(min_load=0.1)).capacity is None
+    assert min(asked) == 0.1  # without ``flat``: down to the bottom
+
+
+def test_censored_at_the_top() -> None:
+    evaluate, asked = curve(lambda load: 0.0)
+    result = search_capacity(evaluate, holds, Grid(max_load=3.0))
+    assert asked == [1.0, 1.5, 2.25, 3.0]
+    assert result.censored and result.capacity == 3.0 and result.first_fail is None
+
+
+def test_summarize_defines_capacity_below_the_first_failure() -> None:
+    points = [Point(x, ok, {}) for x, ok in [(1, True), (2, False), (3, True), (1.5, True)]]
+    result = summarize(points)
+    assert (result.capacity, result.first_fail, result.holds_again) == (1.5, 2, 3)
+    assert [p.load for p in result.curve()] == [1, 1.5, 2, 3]
+
+
+def test_parse_slo() -> None:
+    assert parse_slo("ttft_p90=2") == SLO("ttft", 90.0, 2.0)
+    assert parse_slo("e2e_p99.9=30").key == "e2e_p99.9"
+    assert str(parse_slo("tpot_p50=0.05")) == "tpot_p50=0.05"
+    for bad in ("ttft=2", "ttft_p90", "queue_p90=1", "ttft_p0=1", "ttft_p90=0"):
+        with pytest.raises(ValueError):
+            parse_slo(bad)
+    assert not P90.holds({"ttft_p90": math.nan}) and not P90.holds({})
+
+
+def test_grid_checks() -> None:
+    for bad in ({"factor": 1.0}, {"start": 0.01}, {"max_load": 0.5}, {"tolerance": 0}):
+        with pytest.raises(ValueError):
+            Grid(**bad)
+
+
+def test_capacity_command(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:
+    """Two policies on the Mooncake head, a coarse grid: the table (bound last), the curves,
+    the plot; ttft carries more than round_robin within the SLO."""
+    out = tmp_path / "cap"
+    argv = ["capacity", "--trace", str(data / "mooncake_conversation_head200.jsonl"),
+            "--workers", "4", "--policies", "ttft,round_robin", "--slo", "ttft_p90=8",
+            "--grid-factor", "2", "--tolerance", "0.1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    table = printed.out.splitlines()
+    assert table[0].startswith("| policy | capacity (x trace) | req/s")
+    assert table[-2].startswith("| bound |")
+    assert "round_robin" in printed.err  # the progress line
+    document = json.loads((out / "capacity.json").read_text())
+    ttft, rr = document["policies"]["ttft"], document["policies"]["round_robin"]
+    assert ttft["capacity"] > rr["capacity"] > 0
+    assert ttft["x_round_robin"] == pytest.approx(ttft["capacity"] / rr["capacity"])
+    assert ttft["x_bound"] == pytest.approx(ttft["capacity"] / document["bounds"]["load_ceiling"])
+    rate = document["rate_per_load"]["rps"]
+    assert ttft["capacity_rps"] == pytest.approx(ttft["capacity"] * rate)
+    for entry in (ttft, rr):
+        loads = [p["load"] for p in entry["curve"]]
+        assert loads == sorted(loads) and entry["evaluations"] == len(loads)
+        at = next(p for p in entry["curve"] if p["load"] == entry["capacity"])
+        assert at["holds"] and at["ttft_p90"] <= 8
+        assert {"ttft_p50", "ttft_p99", "hit_rate"} <= set(at)
+        assert entry["first_fail"] <= entry["capacity"] * 1.1
+    assert (out / "capacity_ttft_p90.png").stat().st_size > 0
+    assert "| bound |" in (out / "capacity.md").read_text()
+    # the same searches in two forked processes
+    assert main([*argv[:-1], str(tmp_path / "jobs"), "--jobs", "2", "--no-plots"]) == 0
+    forked = json.loads((tmp_path / "jobs" / "capacity.json").read_text())["policies"]
+    assert {n: e["capacity"] for n, e in forked.items()} == {
+        n: e["capacity"] for n, e in document["policies"].items()
+    }
+
+
+def test_capacity_command_errors(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:
+    trace = str(data / "mooncake_conversation_head200.jsonl")
+    with pytest.raises(SystemExit):
+        main(["capacity", "--trace", trace, "--slo", "ttft=2"])
+    assert "bad SLO" in capsys.readouterr().err
+    assert main(["capacity", "--trace", trace, "--policies", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown policies" in capsys.readouterr().err
+    assert main(["capacity", "--trace", trace, "--pacing", "session", "--out", str(tmp_path)]) == 2
+    assert "needs --pacing open" in capsys.readouterr().err
+
+
+def test_capacity_live(tmp_path: Path, data: Path) -> None:
+    """--live through sweep's machinery: sim workers at 20x real time, a router, one load
+    (the grid is a single point), the workers' own hit rate."""
+    out = tmp_path / "live"
+    argv = ["capacity", "--live", "--trace", str(data / "mooncake_conversation_head200.jsonl"),
+            "--max-requests", "30", "--workers", "2", "--policies", "ttft",
+            "--slo", "ttft_p90=60", "--start-load", "1", "--max-load", "1", "--out", str(out),
+            "--no-plots"]  # fmt: skip
+    assert main(argv) == 0
+    document = json.loads((out / "capacity.json").read_text())
+    assert document["fleet"]["mode"] == "live"
+    entry = document["policies"]["ttft"]
+    assert entry["capacity"] == 1.0 and entry["censored"] and entry["evaluations"] == 1
+    point = entry["curve"][0]
+    assert point["errors"] == 0 and point["requests"] == 30 and point["hit_rate"] is not None
