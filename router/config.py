@@ -2,8 +2,8 @@
 environment (``CACHE_ROUTER_*``) and the command line, in increasing priority.
 
 Every option is a field here with its default and a description; ``cache-router serve
---help`` is generated from these fields (:mod:`router.proxy.serve`), so the help cannot drift from
-what the code reads.
+--help`` is generated from these fields (:mod:`router.service.command`), so the help
+cannot drift from what the code reads.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ class Settings(BaseSettings):
     health_path: str = Field("/health", description="worker path probed for health")
     max_body_bytes: int = Field(32 << 20, gt=0, description="largest accepted request body (413)")
     # Keys are SecretStr: repr(), str() and model_dump() show "**********", so a logged
-    # Settings never leaks one (router/proxy/access.py compares them in constant time).
+    # Settings never leaks one (router/core/access.py compares them in constant time).
     admin_key: SecretStr | None = Field(
         None,
         description="key required (Bearer or X-Admin-Key) to POST/DELETE /workers; with "
@@ -226,7 +226,7 @@ class Settings(BaseSettings):
         "(endpoint tcp://*:P+offset) and the router connects to the worker's host at P + "
         "kv_events_port_offset, so several router replicas can subscribe to one worker",
     )
-    # Scale-out (router/fleet/state_sync.py, router/proxy/supervisor.py): router processes and
+    # Scale-out (router/fleet/state_sync.py, router/service/supervisor.py): router processes and
     # replicas that share bookings, load, sessions and membership through Redis.
     processes: str = Field(
         "1",
@@ -274,7 +274,7 @@ class Settings(BaseSettings):
     shutdown_timeout_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long in-flight requests may finish"
     )
-    # Admission control and client limits (router/proxy/server.py, router/proxy/forward.py): a
+    # Admission control and client limits (router/service/server.py, router/proxy/forward.py): a
     # router in front of a GPU fleet must shed load with a clear answer, never fall over.
     max_inflight: int = Field(
         2048,

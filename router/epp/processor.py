@@ -3,7 +3,7 @@
 Gateway API Inference Extension's Endpoint Picker Protocol over Envoy's external processing
 service: the gateway streams each HTTP request's headers and body here, and this answers
 with the endpoint to send it to; Envoy moves the bytes. The decisions are the router core's
-(:class:`~router.proxy.routing.RouterCore`, the same object ``serve`` forwards with), so
+(:class:`~router.core.routing.RouterCore`, the same object ``serve`` forwards with), so
 reading, picking, booking, learning and releasing are ``serve``'s own:
 
 - request headers: the path, method, session header, content type; a routed path is
@@ -43,10 +43,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from router.cache.worker_state import Booking
-from router.epp.endpoints import Endpoints
-from router.fleet.pool import Worker
-from router.proxy.admin import fleet_models
-from router.proxy.errors import (
+from router.core.errors import (
     RETRY_AFTER,
     RETRY_STATUSES,
     BadRequest,
@@ -55,9 +52,12 @@ from router.proxy.errors import (
     RouterError,
     ServiceUnavailable,
 )
-from router.proxy.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
-from router.proxy.routing import Routed, RouterCore
-from router.proxy.usage import ResponseIdReader, UsageReader
+from router.core.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
+from router.core.routing import Routed, RouterCore
+from router.core.usage import ResponseIdReader, UsageReader
+from router.epp.endpoints import Endpoints
+from router.fleet.pool import Worker
+from router.service.admin import fleet_models
 
 log = logging.getLogger("cache_router.epp")
 

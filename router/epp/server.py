@@ -58,7 +58,7 @@ LIMIT_NOTES = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from router.proxy.serve import add_settings_arguments
+    from router.service.command import add_settings_arguments
 
     p = sub.add_parser(
         "epp",
@@ -94,8 +94,8 @@ def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from router.epp.tls import key_and_certificate
-    from router.proxy.serve import settings_from_args
-    from router.proxy.uvicorn_support import problem
+    from router.service.command import settings_from_args
+    from router.service.uvicorn_support import problem
 
     if args.print_envoy_config is not None:
         from router.epp.envoy_config import gateway_config, render
@@ -126,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     if settings.process_count() > 1:
-        from router.proxy.supervisor import SetupError, _probe_port, main_processes
+        from router.service.supervisor import SetupError, _probe_port, main_processes
 
         try:  # the gRPC port is shared too (SO_REUSEPORT): refuse one held by another program
             _probe_port(settings.host, args.grpc_port)
@@ -142,7 +142,7 @@ def run(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | None) -> 
     """Serve gRPC and HTTP until SIGTERM / SIGINT, then drain and return."""
     import uvloop
 
-    from router.proxy.serve import raise_fd_limit, setup_logging, tune_gc
+    from router.service.command import raise_fd_limit, setup_logging, tune_gc
 
     setup_logging(settings)
     raise_fd_limit(settings)
@@ -163,9 +163,9 @@ async def serve(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | N
     from router.epp.endpoints import Endpoints
     from router.epp.service import ExternalProcessor
     from router.fleet import periodic
-    from router.proxy.app import create_app
-    from router.proxy.serve import process_sockets
-    from router.proxy.server import Server, build_config
+    from router.service.app import create_app
+    from router.service.command import process_sockets
+    from router.service.server import Server, build_config
 
     app = create_app(settings)
     config = build_config(app, settings)
@@ -173,7 +173,7 @@ async def serve(settings: Settings, grpc_port: int, tls: tuple[bytes, bytes] | N
     http = Server(config, app)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if settings.reuse_port else 0)])
     endpoints = Endpoints(settings.discover_interval_s)
-    processor = ExternalProcessor(app.forwarder, settings.session_header.lower(), endpoints)
+    processor = ExternalProcessor(app.core, settings.session_header.lower(), endpoints)
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)

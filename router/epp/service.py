@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 
+from router.core.errors import ServiceUnavailable
+from router.core.routing import RouterCore
 from router.epp.endpoints import Endpoints
 from router.epp.processor import RequestStream, immediate
-from router.proxy.errors import ServiceUnavailable
-from router.proxy.routing import RouterCore
 
 log = logging.getLogger("cache_router.epp")
 

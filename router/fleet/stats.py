@@ -1,7 +1,7 @@
 """Plain counters of the pool and of each worker, bumped on the hot path.
 
 They are plain ints, not Prometheus objects: adding to one costs nothing per request, and
-:mod:`router.proxy.metrics` reads them at scrape time, so ``/workers`` and ``/metrics`` share
+:mod:`router.core.metrics` reads them at scrape time, so ``/workers`` and ``/metrics`` share
 one source of truth.
 """
 

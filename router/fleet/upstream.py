@@ -124,7 +124,7 @@ class Connection(asyncio.Protocol):
         self._wake()
         self._stop_timer()
         # break the parser <-> protocol cycle now: a closed connection is typically old
-        # enough to sit in the oldest GC generation, which the tuned GC of router/proxy/serve.py
+        # enough to sit in the oldest GC generation, which the tuned GC of router/service/command.py
         # rarely collects, and would keep its buffers (tests/router/proxy/test_leaks.py)
         self.parser = None
 

@@ -1,229 +1,35 @@
 """``create_app(settings)``: the proxy as one ASGI application.
 
-The routed endpoints go straight to the raw ASGI :class:`~router.proxy.forward.Forwarder`
+The router (:class:`~router.service.app.RouterApp`: runtime, core, admin API, lifespan) and
+:class:`~router.proxy.forward.Forwarder` over its core: the routed endpoints go straight to it
 (the hot path: no framework routing or request objects): generation (chat, completions,
 /generate, responses), the calls on a stored response and the engines' other endpoints
-(:data:`~router.proxy.parse.OTHER_PATHS`); every other path goes to the FastAPI app of
-:mod:`router.proxy.admin`. The lifespan starts the health checks and closes the
-worker connections. Each app has its own pool, picker, tokenizer and metrics registry, so
-several can live in one process (tests do).
-
-Before the admin app, every other request passes the access rules of :mod:`router.proxy.access`
-(401 / 403) and has its body read here, bounded by ``max_body_bytes`` (413). A request on a
-connection over ``max_connections`` (flagged by :mod:`router.proxy.server`) and a generation
-request while the router drains get 503 with ``Retry-After`` and ``Connection: close``.
+(:data:`~router.core.parse.OTHER_PATHS`); every other path goes to the admin app.
 """
 
 from __future__ import annotations
 
-import logging
-
 from router.config import Settings
-from router.fleet.discovery import Discovery
-from router.fleet.health import HealthChecker
-from router.fleet.kv_events import KVEventsManager
-from router.fleet.membership import Membership
-from router.fleet.models import ModelsWatcher
-from router.fleet.pool import WorkerPool
-from router.fleet.response_owners import ResponseOwners
-from router.fleet.state_sync import StateSync
-from router.fleet.upstream import UpstreamError
-from router.fleet.worker_metrics import WorkerMetricsScraper
-from router.proxy.access import Need, Verdict
-from router.proxy.admin import build_admin
-from router.proxy.dashboard import mount_dashboard
-from router.proxy.errors import (
-    Forbidden,
-    RouterError,
-    ServiceUnavailable,
-    Unauthorized,
-    send_error,
-)
-from router.proxy.forward import ClientGone, Forwarder, read_body
-from router.proxy.metrics import RouterMetrics
-from router.proxy.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
-from router.proxy.server import OVERLOADED_SCOPE_KEY
-from router.proxy.tokenize import make_tokenizer
-
-log = logging.getLogger("cache_router")
+from router.proxy.forward import Forwarder
+from router.service.app import RouterApp
 
 
-class RouterApp:
-    """The ASGI callable: hot path, admin API and lifespan."""
+class ProxyApp(RouterApp):
+    """The router with a forwarder over its core, serving the routed endpoints."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.metrics = RouterMetrics(settings.policy)
-        self.pool = WorkerPool(settings)
-        self.metrics.watch(self.pool)
-        self.tokenizer = make_tokenizer(
-            settings.tokenizer,
-            settings.block_size,
-            ask=self._ask_worker,
-            path=settings.tokenize_path,
-            cache_bytes=settings.tokenize_cache_bytes,
-            stats=self.pool.stats.tokenize,
-        )
-        self.owners = ResponseOwners(settings.response_owners_max)  # Responses API
-        self.metrics.watch_owners(self.owners)
-        self.forwarder = Forwarder(
-            settings, self.pool, self.tokenizer, self.metrics, owners=self.owners
-        )
-        self.access = self.forwarder.access
-        self.draining = False  # set on SIGTERM (router.proxy.server): new work is refused
-        self.health_checker = HealthChecker(self.pool)
-        self.models = ModelsWatcher(self.pool)  # each worker's /v1/models
-        self.membership = Membership(self.pool, [self.health_checker.kick, self.models.kick])
-        # worker truth (/metrics scrapes) and precise mode (KV events): router/fleet/
-        # worker_metrics.py, router/fleet/kv_events.py
-        self.worker_metrics = WorkerMetricsScraper(self.pool)
-        self.kv_events = KVEventsManager(self.pool) if settings.kv_events else None
-        # scale-out: bookings, load, sessions and membership shared with other replicas
-        self.state_sync: StateSync | None = None
-        if settings.state_url is not None:
-            self.state_sync = StateSync(self.pool, settings, on_worker_added=self.membership.joined)
-            self.pool.on_book = self.state_sync.record
-            self.membership.shared = self.state_sync
-            self.owners.shared = self.state_sync
-        self.discovery = Discovery(self.membership, settings) if settings.discover else None
-        if self.discovery is not None:
-            self.metrics.watch_discovery(self.discovery)
-        self.admin = build_admin(self)
-        mount_dashboard(self.admin, self)  # GET /dashboard: the live page
+        super().__init__(settings)
+        self.forwarder = Forwarder(self.core)
 
-    async def __call__(self, scope, receive, send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            if scope.get(OVERLOADED_SCOPE_KEY):
-                await self._unavailable(send, "connections", "too many client connections")
-                return
-            endpoint = self._routed(scope["method"], scope["path"])
-            if endpoint is not None:
-                if self.draining:
-                    await self._unavailable(send, "draining", "the router is shutting down")
-                    return
-                await self.forwarder(scope, receive, send, endpoint)
-            else:
-                await self._admin(scope, receive, send)
-        elif kind == "lifespan":
-            await self._lifespan(receive, send)
-        # websockets: not served (the server closes them)
-
-    @staticmethod
-    def _routed(method: str, path: str) -> str | None:
-        """The Forwarder's endpoint for a request, None for the admin app's."""
-        if method == "POST":
-            endpoint = GENERATION_PATHS.get(path) or OTHER_PATHS.get(path)
-            if endpoint is not None:
-                return endpoint
-        if response_call_id(method, path) is not None:
-            return RESPONSE_CALL
-        return None
-
-    async def _unavailable(self, send, reason: str, message: str) -> None:
-        self.pool.stats.count_rejected(reason)
-        error = ServiceUnavailable(message, code=reason)
-        await send_error(send, error, [(b"connection", b"close")])
-
-    async def _admin(self, scope, receive, send) -> None:
-        """Access rules, then the body (bounded), then the admin app."""
-        need = self.access.need(scope["method"], scope["path"])
-        verdict = self.access.check(need, scope["headers"])
-        if verdict is Verdict.UNAUTHORIZED:
-            if need is Need.ADMIN:
-                error = Unauthorized("admin key required", code="invalid_admin_key")
-            else:
-                error = Unauthorized("missing or invalid API key")
-            await send_error(send, error)
-            return
-        if verdict is Verdict.FORBIDDEN:
-            message = "worker changes are disabled: client keys are set but no --admin-key"
-            await send_error(send, Forbidden(message, code="admin_disabled"))
-            return
-        limit = self.settings.max_body_bytes
-        try:
-            body = await read_body(receive, limit)
-        except ClientGone:
-            return
-        except RouterError as error:  # 413
-            await send_error(send, error)
-            return
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.admin(scope, replay, send)
-
-    async def startup(self) -> None:
-        self.health_checker.start()
-        self.models.start()
-        self.worker_metrics.start()
-        if self.kv_events is not None:
-            await self.kv_events.start()
-        if self.state_sync is not None:
-            await self.state_sync.start()
-        if self.discovery is not None:
-            self.discovery.start()
-        log.info(
-            "cache-router: %d worker(s), policy %s, shadow %s, tokenizer %s",
-            len(self.pool.workers),
-            self.settings.policy,
-            self.settings.shadow,
-            self.settings.tokenizer,
-        )
-        if not self.access.any_keys and self.settings.host not in ("127.0.0.1", "::1"):
-            log.warning(
-                "no --api-key / --admin-key: anyone who reaches %s:%d can use this router "
-                "and change its workers",
-                self.settings.host,
-                self.settings.port,
-            )
-
-    async def shutdown(self) -> None:
-        if self.discovery is not None:
-            await self.discovery.stop()
-        await self.health_checker.stop()
-        await self.models.stop()
-        await self.worker_metrics.stop()
-        if self.kv_events is not None:
-            await self.kv_events.stop()
-        if self.state_sync is not None:
-            await self.state_sync.stop()
-        self.pool.close()
-
-    async def _lifespan(self, receive, send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
-    async def _ask_worker(self, path: str, body: bytes) -> bytes | None:
-        """A healthy worker's answer to POST ``path`` (worker tokenization); None if none."""
-        timeout = self.settings.tokenize_timeout_s
-        for worker in self.pool.healthy_workers():
-            try:
-                status, data = await worker.upstream.fetch("POST", path, body, timeout)
-            except UpstreamError:
-                continue
-            if status == 200:
-                return data
-        return None
+    async def routed(self, scope, receive, send) -> bool:
+        endpoint = self.routed_endpoint(scope["method"], scope["path"])
+        if endpoint is None:
+            return False
+        if not await self._unavailable_while_draining(send):
+            await self.forwarder(scope, receive, send, endpoint)
+        return True
 
 
-def create_app(settings: Settings) -> RouterApp:
+def create_app(settings: Settings) -> ProxyApp:
     """A fresh proxy application for ``settings``."""
-    return RouterApp(settings)
+    return ProxyApp(settings)

@@ -22,8 +22,8 @@ from realworkers_support import (
     workers_of,
 )
 
-from router.proxy.parse import CHAT, COMPLETION, parse_request
-from router.proxy.tokenize import LocalTokenizer, WorkerTokenizer
+from router.core.parse import CHAT, COMPLETION, parse_request
+from router.core.tokenize import LocalTokenizer, WorkerTokenizer
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)
 

@@ -1,7 +1,7 @@
 """Byte-level fuzzing over real sockets, against the router as `cache-router serve` runs it
-(uvicorn + httptools + router.proxy.server's limits): invalid UTF-8 anywhere, huge and many headers,
-bad Content-Length and chunked framing, other protocols, slow clients, and seeded random
-mutations of valid requests.
+(uvicorn + httptools + router.service.server's limits): invalid UTF-8 anywhere, huge and
+many headers, bad Content-Length and chunked framing, other protocols, slow clients, and
+seeded random mutations of valid requests.
 
 Each exchange must end (an answer or a closed connection) within the read timeout plus slack
 (never a hang); every status the router answers itself is below 500 and, for errors, JSON.

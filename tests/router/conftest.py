@@ -24,7 +24,7 @@ from fake_worker import FakeWorker
 
 from router.config import Settings, load_settings
 from router.proxy.app import RouterApp, create_app
-from router.proxy.server import Server, build_config
+from router.service.server import Server, build_config
 
 FAST = {
     "health_interval_s": 0.2,
@@ -41,7 +41,7 @@ class RouterServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.app: RouterApp = create_app(settings)
-        # the same server as `cache-router serve` (router.proxy.server: limits, drain), test port
+        # the same server as `cache-router serve` (router.service.server: limits, drain), test port
         config = build_config(
             self.app, settings, host="127.0.0.1", port=0, log_level="warning", access_log=False
         )

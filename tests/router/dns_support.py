@@ -20,7 +20,7 @@ import dns.message
 import dns.query
 import pytest
 
-from router.proxy.supervisor import end_process
+from router.service.supervisor import end_process
 
 
 def need_dnsmasq() -> str:

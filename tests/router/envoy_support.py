@@ -12,7 +12,7 @@ import httpx
 import yaml
 
 from router.epp.envoy_config import envoy_binary, gateway_config
-from router.proxy.supervisor import end_process
+from router.service.supervisor import end_process
 from traces.fleet import free_port
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from router.proxy.supervisor import PrivateRedis
+from router.service.supervisor import PrivateRedis
 from traces import fleet
 
 

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from router.cli import build_parser
 from router.config import Settings, load_settings
-from router.proxy.serve import settings_from_args
+from router.service.command import settings_from_args
 
 
 def test_defaults_need_nothing():

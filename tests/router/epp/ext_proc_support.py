@@ -16,7 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from router.config import load_settings
 from router.epp.endpoints import Endpoints
 from router.epp.service import ExternalProcessor
-from router.proxy.app import RouterApp, create_app
+from router.service.app import RouterApp, create_app
 
 SESSION_HEADER = "x-session-id"
 MODES = processing_mode_pb2.ProcessingMode.BodySendMode
@@ -94,7 +94,7 @@ class Picker:
     """The EPP's gRPC service for ``app`` on 127.0.0.1, and a client channel to it."""
 
     def __init__(self, app: RouterApp) -> None:
-        self.processor = ExternalProcessor(app.forwarder, SESSION_HEADER, Endpoints(5.0))
+        self.processor = ExternalProcessor(app.core, SESSION_HEADER, Endpoints(5.0))
         self.server = grpc.aio.server()
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
             self.processor, self.server

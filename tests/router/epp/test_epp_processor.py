@@ -18,7 +18,7 @@ from router.config import load_settings
 from router.epp.endpoints import Endpoints
 from router.epp.processor import DESTINATION, LB_NAMESPACE
 from router.epp.service import ExternalProcessor
-from router.proxy.app import create_app
+from router.service.app import create_app
 from traces.fleet import Service, sim_workers
 
 
@@ -44,7 +44,7 @@ async def exchange(app, messages: list[pb.ProcessingRequest]) -> list[pb.Process
     """One ext_proc stream through a real gRPC server: every answer."""
     server = grpc.aio.server()
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-        ExternalProcessor(app.forwarder, "x-session-id", Endpoints(5.0)), server
+        ExternalProcessor(app.core, "x-session-id", Endpoints(5.0)), server
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

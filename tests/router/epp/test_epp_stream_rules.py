@@ -120,7 +120,7 @@ async def test_a_refused_body_is_dropped(workers) -> None:
     """Driven on its own (no gRPC) to see what the stream keeps: nothing, once refused."""
     limit = 64 << 10
     async with router_app(urls(workers), max_body_bytes=limit) as app:
-        stream = RequestStream(app.forwarder, "x-session-id", picker_endpoints())
+        stream = RequestStream(app.core, "x-session-id", picker_endpoints())
         kept: list[int] = []
 
         async def messages():

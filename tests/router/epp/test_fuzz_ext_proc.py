@@ -61,7 +61,7 @@ from reliability_support import all_zero, booked
 
 from router.config import load_settings
 from router.epp.processor import DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE, RequestStream
-from router.proxy.app import RouterApp, create_app
+from router.service.app import RouterApp, create_app
 from traces.fleet import Service, sim_workers
 
 TOTAL = int(os.environ.get("CACHE_ROUTER_FUZZ_EXAMPLES", 3000))
@@ -417,7 +417,7 @@ def routes(answer) -> bool:
 async def drive_direct(h: Harness, messages: list, end: str, k: int) -> Outcome:
     """Through :meth:`RequestStream.run`: the generator checks, before each message, what
     the stream holds and whether it was already closed by an ImmediateResponse."""
-    stream = RequestStream(h.app.forwarder, SESSION, h.picker.processor.endpoints)
+    stream = RequestStream(h.app.core, SESSION, h.picker.processor.endpoints)
     outcome = Outcome([])
     waiting = asyncio.Event()
     sent = messages[:k] if end == "cancel" else messages

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from router.config import load_settings
+from router.core.metrics import RouterMetrics
 from router.fleet.pool import WorkerPool
-from router.proxy.metrics import RouterMetrics
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """No reference cycles on the request paths: what a request leaves behind is freed by
 reference counting alone.
 
-Why it matters: `cache-router serve` tunes the garbage collector down (router/proxy/serve.py:
+Why it matters: `cache-router serve` tunes the garbage collector down (router/service/command.py:
 frozen startup heap, rare collections), so a cycle formed by a long-lived object, such as a
 keep-alive connection to a worker, lands in the oldest generation and is practically never
 collected. The 10-minute soak (bench/reliability/soak.py) found exactly that: every upstream

@@ -52,7 +52,7 @@ def test_serve_process_routes_and_stops(fake_workers, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-    assert proc.returncode == 0  # a drained shutdown exits 0 (router.proxy.server.serve)
+    assert proc.returncode == 0  # a drained shutdown exits 0 (router.service.server.serve)
 
 
 def test_serve_rejects_bad_options():

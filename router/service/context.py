@@ -1,0 +1,36 @@
+"""What the admin API, the dashboard and the server need of the running router.
+
+:class:`~router.service.app.RouterApp` is the one implementation; the modules it assembles take
+this narrow view of it instead of importing it back.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from router.config import Settings
+from router.core.access import Access
+from router.core.metrics import RouterMetrics
+from router.fleet.discovery import Discovery
+from router.fleet.health import HealthChecker
+from router.fleet.membership import Membership
+from router.fleet.pool import WorkerPool
+from router.fleet.state_sync import StateSync
+
+
+class RouterContext(Protocol):
+    """The running router: its settings, pool, metrics, access rules, health checks, state
+    sync, and whether it drains (set on SIGTERM by :mod:`router.service.server`)."""
+
+    settings: Settings
+    pool: WorkerPool
+    metrics: RouterMetrics
+    access: Access
+    health_checker: HealthChecker
+    membership: Membership  # workers joining and leaving (admin API, discovery, replicas)
+    discovery: Discovery | None  # with --discover: the sources that find workers
+    state_sync: StateSync | None  # with --state-url: what is shared with other replicas
+    draining: bool
+
+    async def __call__(self, scope, receive, send) -> None:
+        """The ASGI application."""
