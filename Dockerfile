@@ -31,7 +31,7 @@ LABEL org.opencontainers.image.title="cache-router" \
       org.opencontainers.image.description="Cache-aware request router for LLM inference (vLLM / SGLang workers)" \
       org.opencontainers.image.licenses="Apache-2.0"
 # redis-server: `serve --processes N` without --state-url starts a private one on a unix socket
-# (router/proxy/supervisor.py); with --state-url it is not used.
+# (router/service/supervisor.py); with --state-url it is not used.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends redis-server=5:7.0.* \
     && rm -rf /var/lib/apt/lists/*

@@ -1,6 +1,6 @@
 """Start and stop local processes for replays: simulated workers, routers, and for the
 scale-out runs ``haproxy`` (TCP round-robin; the Redis is the supervisor's
-:class:`~router.proxy.supervisor.PrivateRedis`).
+:class:`~router.service.supervisor.PrivateRedis`).
 
 Everything listens on 127.0.0.1 (or a unix socket), on a free port found by binding port 0.
 Each process is stopped by the PID we started (SIGTERM, then SIGKILL after a grace period),
@@ -25,7 +25,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from router.proxy.supervisor import end_process
+from router.service.supervisor import end_process
 
 HOST = "127.0.0.1"
 

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from router.epp.envoy_config import envoy_binary, gateway_config  # noqa: E402
-from router.proxy.supervisor import end_process  # noqa: E402
+from router.service.supervisor import end_process  # noqa: E402
 from traces.fleet import free_port, wait_port  # noqa: E402
 
 FAKE_WORKER = ROOT.parent / "shared" / "bench" / "fake_worker.py"

@@ -5,7 +5,7 @@ closed loop, for ``--duration`` seconds; run it a few times in a row against the
 (the second burst meets a router still busy with the first's aftermath). Prints the latency
 percentiles, then the first requests that took over ``--slow-ms``: a router whose loop accepts
 one connection per iteration (uvloop's own servers) shows them climbing connection after
-connection; ``router/proxy/accept.py`` is the fix. Loopback only.
+connection; ``router/service/accept.py`` is the fix. Loopback only.
 
     # router on core 0, two fake workers (../shared/bench/fake_worker.py) on core 1
     for r in 1 2 3; do

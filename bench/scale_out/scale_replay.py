@@ -33,7 +33,7 @@ import httpx
 import numpy as np
 
 import traces
-from router.proxy.supervisor import PrivateRedis
+from router.service.supervisor import PrivateRedis
 from traces.fleet import HOST, Haproxy, Service, free_port, reset_caches, sim_workers, start_service
 from traces.formats import load_trace
 from traces.replay import ReplayConfig, ReplayOutcome, replay

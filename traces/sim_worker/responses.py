@@ -26,7 +26,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from router.proxy.parse import form_model
+from router.core.parse import form_model
 from traces.sim_worker.api import ApiError, chat_text, output_tokens, prompt_from_text
 from traces.sim_worker.engine import RealTimeWorker, WorkerUnavailable
 
