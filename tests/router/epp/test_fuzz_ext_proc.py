@@ -18,7 +18,8 @@ real gRPC service (a grpc.aio server and client on 127.0.0.1, cancelled as a gat
 The router core routes to real sim workers (it books them; Envoy is what would send them
 the bytes, so none are sent).
 
-Volume: ``CACHE_ROUTER_FUZZ_EXAMPLES`` sequences (default 3,000), then the first ``CORPUS``
+Volume: ``CACHE_ROUTER_FUZZ_EXAMPLES`` sequences (default 1,500; 6,000 with
+``CACHE_ROUTER_SLOW=1``), then the first ``CORPUS``
 of them replayed ``REPLAYS`` times; ``CACHE_ROUTER_FUZZ_REPORT=FILE`` appends the counts as
 JSON.
 """
@@ -64,7 +65,8 @@ from router.epp.processor import DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE, Requ
 from router.service.app import RouterApp, create_app
 from traces.fleet import Service, sim_workers
 
-TOTAL = int(os.environ.get("CACHE_ROUTER_FUZZ_EXAMPLES", 3000))
+SLOW = os.environ.get("CACHE_ROUTER_SLOW") == "1"
+TOTAL = int(os.environ.get("CACHE_ROUTER_FUZZ_EXAMPLES", 6000 if SLOW else 1500))
 LIMIT = 64 << 10  # max_body_bytes of the fuzzed EPP: bodies over it stay cheap
 EXCHANGE_TIMEOUT_S = 10.0  # one sequence's answers; past it, the stream hangs
 CORPUS = 300  # sequences kept from the run, replayed REPLAYS times to watch the RSS

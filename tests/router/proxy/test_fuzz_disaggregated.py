@@ -24,7 +24,7 @@ example:
 
 Circuits open at the first failure (``health_failure_threshold`` 1), and every example starts
 from a closed one (probes are off: the suite alone decides). Volume:
-``CACHE_ROUTER_FUZZ_EXAMPLES`` (default 5,000 with ``CACHE_ROUTER_SLOW=1``, else 1,200), shared by
+``CACHE_ROUTER_FUZZ_EXAMPLES`` (default 5,000 with ``CACHE_ROUTER_SLOW=1``, else 600), shared by
 the two protocols; ``CACHE_ROUTER_FUZZ_REPORT=FILE`` appends the counts as JSON.
 """
 
@@ -67,7 +67,7 @@ from pd_support import (
 )
 
 SLOW = os.environ.get("CACHE_ROUTER_SLOW") == "1"
-TOTAL = int(os.environ.get("CACHE_ROUTER_FUZZ_EXAMPLES", 5000 if SLOW else 1200))
+TOTAL = int(os.environ.get("CACHE_ROUTER_FUZZ_EXAMPLES", 5000 if SLOW else 600))
 READ_TIMEOUT_S = 0.5
 CLIENT_TIMEOUT_S = 10.0  # far past anything the router may take: a timeout here is a hang
 ROLES = ("prefill", "prefill", "decode", "decode")
