@@ -51,6 +51,7 @@ from router.core.errors import (
     PayloadTooLarge,
     RouterError,
     ServiceUnavailable,
+    echo,
 )
 from router.core.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
 from router.core.routing import Routed, RouterCore
@@ -188,7 +189,7 @@ class RequestStream:
         if self.kind is None:
             if self.method == "GET" and self.path == MODELS_PATH:
                 return [await self.models()]
-            raise NotFound(f"no route for {self.method} {self.path}")
+            raise NotFound(f"no route for {echo(self.method)} {echo(self.path)}")
         self.core.admit()  # 429 past max_inflight, before the body is read
         self.admitted = True
         if headers.end_of_stream:  # no body: route now

@@ -36,6 +36,7 @@ from router.core.errors import (
     NotFound,
     RouterError,
     Unauthorized,
+    echo,
     error_body,
 )
 from router.fleet.pool import BOTH, ROLES, WorkerPool
@@ -163,7 +164,7 @@ def build_admin(app: RouterContext) -> FastAPI:
         try:
             worker = app.membership.remove(data["url"])
         except KeyError:
-            raise NotFound(f"no worker {data['url']}", code="worker_not_found") from None
+            raise NotFound(f"no worker {echo(str(data['url']))}", code="worker_not_found") from None
         except ValueError as exc:
             raise BadRequest(str(exc), code="invalid_url") from None
         return _json(worker.describe())

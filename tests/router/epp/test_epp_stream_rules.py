@@ -239,6 +239,15 @@ async def test_an_immediate_response_ends_the_stream_and_counts_once(workers) ->
         assert app.pool.stats.unrouted == {"404": 1}
 
 
+async def test_a_huge_unrouted_path_is_not_echoed_whole(workers) -> None:
+    path = "/v1/" + "p" * (1 << 20)
+    async with router_app(urls(workers)) as app, Picker(app) as picker:
+        answers = await picker.exchange([request_headers("GET", path, end=True)])
+        refused = answers[-1].immediate_response
+        assert refused.status.code == 404 and len(refused.body) < 1024
+        assert b"characters)" in refused.body
+
+
 async def test_a_failed_pick_counts_as_unrouted(workers) -> None:
     async with router_app(urls(workers)) as app, Picker(app) as picker:
         unknown = b'{"model": "nobody", "prompt": "x"}'
