@@ -39,7 +39,7 @@ GRPC_PORT = 9002
 HTTP_PORT = 9090
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # How serve's admission limits and client checks apply to the gateway's requests (ext_proc);
-# the HTTP port (--http-port) keeps them all, as serve's.
+# the HTTP port (--http-port: admin, metrics) keeps the connection and header limits, as serve.
 LIMIT_NOTES = {
     "max_inflight": "epp: the gateway's requests too, from their headers to their response's "
     "end, in the same count",
