@@ -22,6 +22,7 @@ SLOW = pytest.mark.skipif(
 )
 
 
+@SLOW  # a minute of live replay on 2 cores: CI runs it (.ci/run sets CACHE_ROUTER_SLOW=1)
 def test_live_sweep_agrees_with_the_simulator(tmp_path: Path):
     common = ["--trace", str(CONVERSATION), "--policies", "ttft,lmetric,unified", "--max-requests",
               "120", "--max-output-tokens", "64"]  # fmt: skip
