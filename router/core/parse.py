@@ -171,6 +171,16 @@ def response_call_id(method: str, path: str) -> str | None:
     return response_id
 
 
+def routed_kind(method: str, path: str) -> str | None:
+    """The core's endpoint for ``method path`` (generation, the engines' other endpoints, a
+    call on a stored response); None for a path no front end routes (the admin side's)."""
+    if method == "POST":
+        kind = GENERATION_PATHS.get(path) or OTHER_PATHS.get(path)
+        if kind is not None:
+            return kind
+    return RESPONSE_CALL if response_call_id(method, path) is not None else None
+
+
 # a multipart form's ``model`` field: its part's headers, a blank line, the value
 _FORM_MODEL = re.compile(rb'name="model"[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]{1,256})\r\n')
 

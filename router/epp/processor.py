@@ -53,7 +53,7 @@ from router.core.errors import (
     ServiceUnavailable,
     echo,
 )
-from router.core.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
+from router.core.parse import routed_kind
 from router.core.routing import Routed, RouterCore
 from router.core.usage import ResponseIdReader, UsageReader
 from router.epp.endpoints import Endpoints
@@ -73,15 +73,6 @@ FULL_DUPLEX = _BodyMode.Value("FULL_DUPLEX_STREAMED")
 _CONTINUE = pb.CommonResponse()
 MODELS_PATH = "/v1/models"
 UNREADABLE_STATUS = 502  # a response ``:status`` that is no HTTP status: an unreadable answer
-
-
-def routed_kind(method: str, path: str) -> str | None:
-    """The core's endpoint for ``method path``; None for a path the router does not route."""
-    if method == "POST":
-        kind = GENERATION_PATHS.get(path) or OTHER_PATHS.get(path)
-        if kind is not None:
-            return kind
-    return RESPONSE_CALL if response_call_id(method, path) is not None else None
 
 
 class RequestStream:

@@ -10,6 +10,7 @@ The router (:class:`~router.service.app.RouterApp`: runtime, core, admin API, li
 from __future__ import annotations
 
 from router.config import Settings
+from router.core.parse import routed_kind
 from router.proxy.forward import Forwarder
 from router.service.app import RouterApp
 
@@ -22,7 +23,7 @@ class ProxyApp(RouterApp):
         self.forwarder = Forwarder(self.core)
 
     async def routed(self, scope, receive, send) -> bool:
-        endpoint = self.routed_endpoint(scope["method"], scope["path"])
+        endpoint = routed_kind(scope["method"], scope["path"])
         if endpoint is None:
             return False
         if not await self._unavailable_while_draining(send):

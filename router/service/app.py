@@ -29,7 +29,6 @@ from router.core.errors import (
     send_error,
 )
 from router.core.metrics import RouterMetrics
-from router.core.parse import GENERATION_PATHS, OTHER_PATHS, RESPONSE_CALL, response_call_id
 from router.core.routing import RouterCore
 from router.core.tokenize import make_tokenizer
 from router.fleet.discovery import Discovery
@@ -112,17 +111,6 @@ class RouterApp:
         if self.draining:
             await self._unavailable(send, "draining", "the router is shutting down")
         return self.draining
-
-    @staticmethod
-    def routed_endpoint(method: str, path: str) -> str | None:
-        """The core's endpoint for a request, None for the admin app's."""
-        if method == "POST":
-            endpoint = GENERATION_PATHS.get(path) or OTHER_PATHS.get(path)
-            if endpoint is not None:
-                return endpoint
-        if response_call_id(method, path) is not None:
-            return RESPONSE_CALL
-        return None
 
     async def _unavailable(self, send, reason: str, message: str) -> None:
         self.pool.stats.count_rejected(reason)
