@@ -47,7 +47,6 @@ class Attempts:
         ``body``, ``headers``: what the worker gets instead of ``ex.body`` and ``ex.headers``
         (a disaggregated decode leg)."""
         core = self.core
-        stats = worker.stats
         booking = core.book(ex, worker, pick, radix_later=True)
         if body is None:
             body, headers = ex.body, ex.headers
@@ -70,12 +69,8 @@ class Attempts:
                 if ex.client_gone:  # belt and braces: a cancellation lost in a race
                     raise asyncio.CancelledError
                 if conn.status >= 500 and not final and self.may_retry(ex, worker):
-                    stats.count(stats.upstream_errors, "status_5xx")
                     status_label = str(conn.status)
-                    ex.failures.append((worker, f"HTTP {conn.status}"))
-                    return BadGateway(
-                        f"worker {worker.url} answered {conn.status}", code="worker_5xx"
-                    )
+                    return self.server_error(ex, worker, conn.status, "worker")
                 data, more = await conn.read(self.read_timeout)
                 if more and not is_event_stream(conn.headers):
                     data, more = await held_whole(conn, data, self.read_timeout)
@@ -149,6 +144,14 @@ class Attempts:
             ex.responded = True
             event = b"data: " + error + b"\n\ndata: [DONE]\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": False})
+
+    @staticmethod
+    def server_error(ex: Exchange, worker: Worker, status: int, who: str) -> RouterError:
+        """``worker``'s 5xx, to retry elsewhere: counted, and held on ``ex`` as its failure
+        until the request's outcome is known; ``who``: how the message names the worker."""
+        worker.stats.count(worker.stats.upstream_errors, "status_5xx")
+        ex.failures.append((worker, f"HTTP {status}"))
+        return BadGateway(f"{who} {worker.url} answered {status}", code="worker_5xx")
 
     def failed(self, ex: Exchange, worker: Worker, exc: Exception) -> tuple[str, RouterError]:
         """An exchange with ``worker`` failed before any byte reached the client: count it,

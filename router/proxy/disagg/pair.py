@@ -70,11 +70,7 @@ class Pair:
             booking.first_token()
             label = str(status)
             if status >= 500:
-                worker.stats.count(worker.stats.upstream_errors, "status_5xx")
-                ex.failures.append((worker, f"HTTP {status}"))
-                error = BadGateway(
-                    f"prefill worker {worker.url} answered {status}", code="worker_5xx"
-                )
+                error = self.attempts.server_error(ex, worker, status, "prefill worker")
                 if on_error is not None:
                     on_error(error)
                 return error
