@@ -68,12 +68,7 @@ LIVE_TIME_SCALE = 20.0
 
 def run_metrics(run: PolicyRun, slos: Sequence[SLO] = ()) -> dict[str, float]:
     """TTFT, end-to-end and TPOT at p50/p90/p99 (and each SLO's percentile), hit rate."""
-    decode = np.maximum(run.output_length - 1, 0)
-    series = {
-        "ttft": run.first_token - run.arrival,
-        "e2e": run.finish - run.arrival,
-        "tpot": ((run.finish - run.first_token) / np.maximum(decode, 1))[decode > 0],
-    }
+    series = run.latencies()
     wanted = [(m, float(q)) for m in series for q in PERCENTILES]
     wanted += [(s.metric, s.percentile) for s in slos]
     out = {

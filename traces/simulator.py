@@ -203,13 +203,20 @@ class PolicyRun:
     transferred: np.ndarray | None = None  # prompt tokens whose KV crossed
     decode_branches: dict[str, int] = field(default_factory=dict)
 
-    def summary(self) -> dict[str, float | int]:
-        """The per-policy entry of results.json (times in seconds, rates as fractions)."""
-        ttft = self.first_token - self.arrival
-        e2e = self.finish - self.arrival
+    def latencies(self) -> dict[str, np.ndarray]:
+        """Each request's TTFT and end-to-end time, and the TPOT of those that decode."""
         decode_tokens = np.maximum(self.output_length - 1, 0)
         has_decode = decode_tokens > 0
-        tpot = (self.finish - self.first_token)[has_decode] / decode_tokens[has_decode]
+        return {
+            "ttft": self.first_token - self.arrival,
+            "e2e": self.finish - self.arrival,
+            "tpot": (self.finish - self.first_token)[has_decode] / decode_tokens[has_decode],
+        }
+
+    def summary(self) -> dict[str, float | int]:
+        """The per-policy entry of results.json (times in seconds, rates as fractions)."""
+        latencies = self.latencies()
+        ttft, e2e, tpot = latencies["ttft"], latencies["e2e"], latencies["tpot"]
         span = float(self.finish.max() - self.arrival.min()) if self.requests else 0.0
         prompt = float(self.input_length.sum()) or 1.0
         per_worker = np.bincount(
