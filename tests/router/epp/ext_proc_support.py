@@ -15,6 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 
 from router.config import load_settings
 from router.epp.endpoints import Endpoints
+from router.epp.processor import DESTINATION
 from router.epp.service import ExternalProcessor
 from router.service.app import RouterApp, create_app
 
@@ -160,3 +161,14 @@ async def settled(predicate, timeout: float = 5.0) -> bool:
             return False
         await asyncio.sleep(0.01)
     return True
+
+
+def routed_to(answer) -> bytes | None:
+    """The endpoint a header or body answer names, None if it names none."""
+    which = answer.WhichOneof("response")
+    if which not in ("request_headers", "request_body"):
+        return None
+    for option in getattr(answer, which).response.header_mutation.set_headers:
+        if option.header.key == DESTINATION:
+            return option.header.raw_value
+    return None

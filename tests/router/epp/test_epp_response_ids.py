@@ -23,10 +23,10 @@ from ext_proc_support import (
     request_headers,
     response_body,
     response_headers,
+    routed_to,
     router_app,
 )
 
-from router.epp.processor import DESTINATION
 from traces.fleet import Service, sim_workers
 
 RESPONSE_ID = "resp_split2"
@@ -42,17 +42,6 @@ STREAM = (
 def workers() -> Iterator[list[Service]]:
     with sim_workers(2, ["--time-scale", "50", "--log-level", "warning"]) as started:
         yield started
-
-
-def routed_to(answer) -> bytes | None:
-    """The endpoint a header or body answer names, None if it names none."""
-    which = answer.WhichOneof("response")
-    if which not in ("request_headers", "request_body"):
-        return None
-    for option in getattr(answer, which).response.header_mutation.set_headers:
-        if option.header.key == DESTINATION:
-            return option.header.raw_value
-    return None
 
 
 def pieces(data: bytes, cuts: list[int]) -> list:

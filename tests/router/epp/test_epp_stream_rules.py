@@ -30,11 +30,12 @@ from ext_proc_support import (
     request_headers,
     response_body,
     response_headers,
+    routed_to,
     router_app,
     settled,
 )
 
-from router.epp.processor import DESTINATION, RequestStream
+from router.epp.processor import RequestStream
 from traces.fleet import Service, sim_workers
 
 PROMPT = b'{"model": "sim-model", "prompt": "hello there", "max_tokens": 2}'
@@ -49,17 +50,6 @@ def workers() -> Iterator[list[Service]]:
 
 def urls(workers: list[Service]) -> list[str]:
     return [w.url for w in workers]
-
-
-def routed_to(answer) -> bytes | None:
-    """The endpoint a header or body answer names, None if it names none."""
-    which = answer.WhichOneof("response")
-    if which not in ("request_headers", "request_body"):
-        return None
-    for option in getattr(answer, which).response.header_mutation.set_headers:
-        if option.header.key == DESTINATION:
-            return option.header.raw_value
-    return None
 
 
 # ---- a stream routes once --------------------------------------------------------------
