@@ -139,6 +139,21 @@ def test_capacity_command(tmp_path: Path, data: Path, capsys: pytest.CaptureFixt
     }
 
 
+def test_capacity_command_as_shipped(tmp_path: Path, data: Path) -> None:
+    """No SLO, grid or fleet flags: the defaults (``ttft_p90=2``) find a capacity that holds it,
+    below the first load that fails it and below the bound."""
+    out = tmp_path / "cap"
+    trace = str(data / "mooncake_conversation_head200.jsonl")
+    assert main(["capacity", "--trace", trace, "--policies", "ttft", "--out", str(out)]) == 0
+    document = json.loads((out / "capacity.json").read_text())
+    assert document["slos"] == ["ttft_p90=2"]
+    ttft = document["policies"]["ttft"]
+    at = next(p for p in ttft["curve"] if p["load"] == ttft["capacity"])
+    assert at["holds"] and at["ttft_p90"] <= 2
+    assert ttft["capacity"] < ttft["first_fail"] <= document["bounds"]["load_ceiling"]
+    assert (out / "capacity_ttft_p90.png").stat().st_size > 0
+
+
 def test_capacity_command_errors(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:
     trace = str(data / "mooncake_conversation_head200.jsonl")
     with pytest.raises(SystemExit):
