@@ -106,6 +106,29 @@ async def test_a_body_past_max_body_bytes_is_a_413_at_once(workers, mode) -> Non
         assert app.pool.stats.in_flight == 0 and booked(app) == 0
 
 
+async def test_the_default_body_limit_holds(workers) -> None:
+    """As ``epp`` ships (``--max-body-bytes`` unset): a full-duplex body that never ends is
+    refused once it passes the default limit, with nothing kept."""
+    async with router_app(urls(workers)) as app:
+        limit = app.settings.max_body_bytes
+        stream = RequestStream(app.core, "x-session-id", picker_endpoints())
+        piece = b"c" * (1 << 20)
+        sent = 0
+
+        async def messages():
+            nonlocal sent
+            yield request_headers("POST", "/v1/completions", request_mode="FULL_DUPLEX_STREAMED")
+            while sent <= limit + len(piece):
+                sent += len(piece)
+                yield request_body(piece, end=False)
+            raise AssertionError("the stream read on past the default limit")
+
+        answers = [a async for a in stream.run(messages())]
+        assert answers[-1].immediate_response.status.code == 413
+        assert limit < sent <= limit + len(piece) and stream.body == []
+        assert app.pool.stats.in_flight == 0 and booked(app) == 0
+
+
 async def test_a_refused_body_is_dropped(workers) -> None:
     """Driven on its own (no gRPC) to see what the stream keeps: nothing, once refused."""
     limit = 64 << 10
