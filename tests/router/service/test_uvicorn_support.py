@@ -128,7 +128,7 @@ def test_the_proxy_runs_on_both_ends_of_the_range(
     finally:
         worker.stop()
     # the server's own tests (scope as uvicorn builds it, framing, limits) on this release
-    here = ROOT / "tests/router/proxy"
+    here = ROOT / "tests/router/service"
     tests = [str(here / "test_server.py"), str(here / "test_server_cycle.py")]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
