@@ -34,3 +34,40 @@ def estimate_hits(request: RequestFeatures, workers: Sequence[WorkerView]) -> tu
     if best == UNHEALTHY:
         raise NoHealthyWorker(f"no healthy worker among {len(workers)}")
     return hits, best
+
+
+def estimate_tier_hits(
+    request: RequestFeatures, workers: Sequence[WorkerView]
+) -> tuple[list[int], list[float] | None, int]:
+    """:func:`estimate_hits` counting what a worker would load from its CPU KV tier as a hit,
+    and the seconds each load takes (None when no view shows a tier: the plain hits).
+
+    A view shows a tier with ``tiered`` true, ``estimate_tiers(blocks, tokens)`` giving its
+    (GPU hit, CPU-tier hit) and ``kv_load_s_per_token``
+    (:class:`~router.cache.worker_state.WorkerState`).
+    """
+    if not any(getattr(w, "tiered", False) for w in workers):
+        hits, best = estimate_hits(request, workers)
+        return hits, None, best
+    blocks, tokens = request.blocks, request.tokens
+    hits: list[int] = []
+    loads: list[float] = []
+    best = UNHEALTHY
+    for worker in workers:
+        load = 0.0
+        if not worker.healthy:
+            hit = UNHEALTHY
+        elif getattr(worker, "tiered", False):
+            hit, cpu = worker.estimate_tiers(blocks, tokens)
+            if cpu:
+                hit += cpu
+                load = cpu * worker.kv_load_s_per_token
+        else:
+            hit = worker.estimate_cache_hit(blocks, tokens)
+        if hit > best:
+            best = hit
+        hits.append(hit)
+        loads.append(load)
+    if best == UNHEALTHY:
+        raise NoHealthyWorker(f"no healthy worker among {len(workers)}")
+    return hits, loads, best

@@ -27,6 +27,7 @@ from policies.round_robin import RoundRobinPicker
 from policies.sglang_cache_aware import SGLangCacheAwarePicker
 from policies.smg import SMGCacheAwarePicker
 from policies.sticky import StickyPicker
+from policies.tiered import TieredPicker
 from policies.ttft import TTFTPicker
 from policies.unified import UnifiedPicker
 
@@ -49,6 +50,7 @@ PICKERS: dict[str, Callable[..., Picker]] = {
         DynamoPicker,
         SMGCacheAwarePicker,
         AIBrixPicker,
+        TieredPicker,
     )
 }
 

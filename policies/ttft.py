@@ -130,7 +130,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from policies.base import Pick, RequestFeatures, WorkerView
-from policies.hits import UNHEALTHY, estimate_hits
+from policies.hits import UNHEALTHY, estimate_tier_hits
 from policies.sessions import DEFAULT_MAX_SESSIONS, SessionTable
 from policies.tiebreak import RoundRobinCounter
 from router.cache.lora import AdapterSlots
@@ -217,13 +217,13 @@ class TTFTPicker:
         self._rr = RoundRobinCounter()
 
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
-        hits, best_hit = estimate_hits(request, workers)
+        hits, loads, best_hit = estimate_tier_hits(request, workers)
         session = request.session_id
         bound = self.sessions.get(session) if session is not None else None
         if bound is not None and (bound >= len(workers) or hits[bound] == UNHEALTHY):
             bound = None
         homes = self._homes(request.adapter, workers, hits) if request.adapter is not None else ()
-        costs = self.costs(request, workers, hits, keep=bound, exact=False, also=homes)
+        costs = self.costs(request, workers, hits, keep=bound, exact=False, also=homes, loads=loads)
         best = min(costs)  # unhealthy workers cost inf; at least one is healthy
         if bound is not None:
             bound_cost = costs[bound]
@@ -237,7 +237,7 @@ class TTFTPicker:
                     self.sessions.bind(session, home)
                 return Pick(home, "adapter_stick", hits[home], best_hit)
         if bound is None and session is not None and self.balance_slack_s:
-            chosen = self._balance(request, workers, hits, costs, best)
+            chosen = self._balance(request, workers, hits, costs, best, loads)
             if chosen is not None:
                 self.sessions.bind(session, chosen)
                 return Pick(chosen, "balance", hits[chosen], best_hit)
@@ -275,6 +275,7 @@ class TTFTPicker:
         hits: Sequence[int],
         costs: Sequence[float],
         best: float,
+        loads: Sequence[float] | None,
     ) -> int | None:
         """A new session's worker when several are equal but for their learned rates.
 
@@ -295,14 +296,16 @@ class TTFTPicker:
             work = w.pending_prefill_tokens + max(length - hits[i], 0)
             healthy = hits[i] != UNHEALTHY
             base.append(
-                work / rate + (work / chunk + 1.0) * (step_s + seq_s * w.num_requests)
+                work / rate
+                + (work / chunk + 1.0) * (step_s + seq_s * w.num_requests)
+                + (loads[i] if loads else 0.0)
                 if healthy
                 else INF
             )
         cut = min(base) + self.balance_slack_s
         if sum(1 for b in base if b <= cut) < 2:
             return None
-        common = self.costs(request, workers, hits, learned_rates=False)
+        common = self.costs(request, workers, hits, learned_rates=False, loads=loads)
         limit = min(common) + self.balance_slack_s
         top = 2.0 * best
         near = [i for i, c in enumerate(common) if c <= limit and costs[i] <= top]
@@ -331,6 +334,7 @@ class TTFTPicker:
         exact: bool = True,
         learned_rates: bool = True,
         also: Sequence[int] = (),
+        loads: Sequence[float] | None = None,
     ) -> list[float]:
         """Predicted seconds per worker (inf for unhealthy ones); see the module docstring.
 
@@ -368,6 +372,8 @@ class TTFTPicker:
             work = pending + uncached
             n = worker.num_requests
             cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
+            if loads:  # its prefix's load from the CPU tier (the batch runs on meanwhile)
+                cost += loads[i]
             if share and uncached and n:
                 extra = share * uncached / rate * n
                 if tau2:
@@ -493,7 +499,10 @@ class TTFTPicker:
                 self.sessions.peek,
                 i,
             )
-            charge += self.eviction_weight * pushed / rate
+            # a session pushed out of a worker with a CPU tier reloads rather than recomputes
+            reload = worker.kv_load_s_per_token if getattr(worker, "tiered", False) else 0.0
+            per_token = min(1.0 / rate, reload) if reload else 1.0 / rate
+            charge += self.eviction_weight * pushed * per_token
         n = worker.num_requests
         if memory and n:
             blocks = worker.blocks

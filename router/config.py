@@ -93,6 +93,24 @@ class Settings(BaseSettings):
     worker_kv_capacity_tokens: dict[str, int] = Field(
         default_factory=dict, description="per-worker KV capacity override: URL=TOKENS"
     )
+    cpu_kv_capacity_tokens: int = Field(
+        0,
+        ge=0,
+        description="each worker's CPU (host-memory) KV tier in tokens, beneath its GPU KV "
+        "(vLLM's OffloadingConnector, LMCache's CPU backend); the router keeps a shadow of it "
+        "and the ttft picker prices a prefix found there at its load time (0: no tier)",
+    )
+    kv_load_gbps: float = Field(
+        20.0, gt=0, description="the workers' CPU tier to GPU KV load bandwidth, GB/s"
+    )
+    kv_bytes_per_token: int = Field(
+        131_072, gt=0, description="KV bytes of one token, all layers (default: an 8B model)"
+    )
+    router_tiers: Literal["on", "off"] = Field(
+        "on",
+        description="'off': ignore the workers' CPU tier (GPU shadows only, as a router that "
+        "knows one tier), to measure what reading it gains",
+    )
     worker_models: dict[str, list[str]] = Field(
         default_factory=dict,
         description="models a worker serves, pinned instead of read from its /v1/models: "

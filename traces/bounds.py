@@ -17,7 +17,8 @@ so a report can say how far every policy is from the best any router could do:
   hits equal its plain block hits, the most blocks any eviction rule hits with that capacity
   (blocks entering only when a request brings them). A fleet of separate caches of the same
   total holds at most their union. Tokens are counted as the worker model counts them
-  (``min(hit blocks x 512, prompt)``).
+  (``min(hit blocks x 512, prompt)``). Workers with a CPU KV tier pool it too: a block
+  loaded from it is a hit that costs no prefill (the worker model counts it cached).
 - **Load ceiling**: the trace speedup at which the fleet's prefill work at that hit ceiling
   fills every worker's prefill rate for the trace's whole (sped-up) span. Above it the fleet
   falls behind on average whatever the router does (step overheads and decode only lower the
@@ -171,7 +172,7 @@ def trace_bounds(trace: Sequence[TraceRequest], workers: int, worker: WorkerMode
     shared = hit_tokens(trace, infinite_cache_hits(trace))
     floors = prefill_seconds(inputs - shared, worker)
     pct = [float(np.percentile(floors, q)) if len(floors) else 0.0 for q in PERCENTILES]
-    capacity = workers * worker.capacity_blocks
+    capacity = workers * (worker.capacity_blocks + worker.cpu_capacity_blocks)
     hits = belady_hits(trace, capacity)
     blocks = sum(len(r.blocks) for r in trace)
     hit = float(hit_tokens(trace, hits).sum()) / prompt

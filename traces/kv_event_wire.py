@@ -77,7 +77,7 @@ def _vllm_event(event: dict[str, Any]) -> dict[str, Any]:
             "token_ids": event["token_ids"],
             "block_size": event["block_size"],
             "lora_id": None,
-            "medium": "GPU",
+            "medium": event.get("medium", "GPU"),
             "lora_name": None,
             "extra_keys": [None] * n,
             "group_idx": 0,
@@ -85,8 +85,14 @@ def _vllm_event(event: dict[str, Any]) -> dict[str, Any]:
         }
     if kind == "BlockRemoved":
         hashes = [vllm_hash(k) for k in event["block_hashes"]]
-        return {"type": kind, "block_hashes": hashes, "medium": "GPU"}
+        return {"type": kind, "block_hashes": hashes, "medium": event.get("medium", "GPU")}
     return {"type": kind}
+
+
+def _sglang_medium(event: dict[str, Any]) -> str:
+    """SGLang's HiCache names its host tier ``CPU_PINNED``."""
+    medium = event.get("medium", "GPU")
+    return "CPU_PINNED" if medium == "CPU" else medium
 
 
 def _sglang_events(event: dict[str, Any]) -> list[list[Any]]:
@@ -99,9 +105,9 @@ def _sglang_events(event: dict[str, Any]) -> list[list[Any]]:
         for i, key in enumerate(event["block_hashes"]):  # one event per page
             block = sglang_hash(key)
             page = tokens[i * size : (i + 1) * size]
-            out.append([kind, [block], parent, page, size, None, "GPU"])
+            out.append([kind, [block], parent, page, size, None, _sglang_medium(event)])
             parent = block
         return out
     if kind == "BlockRemoved":
-        return [[kind, [sglang_hash(k) for k in event["block_hashes"]], "GPU"]]
+        return [[kind, [sglang_hash(k) for k in event["block_hashes"]], _sglang_medium(event)]]
     return [[kind]]

@@ -39,7 +39,7 @@ from traces.report import (
     write_plots,
     write_results,
 )
-from traces.simulator import PolicyRun, SimConfig, simulate
+from traces.simulator import ROUTER_TIERS, PolicyRun, SimConfig, simulate
 from traces.stats import hit_ceiling
 from traces.worker_model import add_model_options, model_config_from_args
 
@@ -138,6 +138,15 @@ def add_simulation_options(p: argparse.ArgumentParser, speedup: bool = True) -> 
     add_disaggregation_options(p)
     p.add_argument("--shadow", choices=SHADOW_KINDS, default="blocks", help="router shadow")
     add_model_options(p, "each worker's KV cache in tokens (the shadows get the same)")
+    p.add_argument(
+        "--router-tiers",
+        choices=ROUTER_TIERS,
+        default="on",
+        help="with --cpu-kv-capacity-tokens: 'on' the router keeps a shadow of each worker's "
+        "CPU tier and the ttft picker prices a CPU hit at its load time; 'off' it ignores the "
+        "tier (GPU shadows only); 'exact' it reads both tiers from the worker models (a "
+        "yardstick no live router has)",
+    )
     if speedup:
         p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
     add_pacing_option(p)
@@ -228,6 +237,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         prefill_workers=prefill,
         decode_workers=decode,
         decode_policy=getattr(args, "decode_policy", defaults.decode_policy),
+        router_tiers=getattr(args, "router_tiers", defaults.router_tiers),
         **kv_transfer.from_args(args, defaults),
     )
 
@@ -247,7 +257,13 @@ def run_and_report(
     )
     print(
         f"{len(trace)} requests, {fleet}, shadow={config.shadow}, "
-        f"KV {config.worker.kv_capacity_tokens:,} tokens/worker",
+        f"KV {config.worker.kv_capacity_tokens:,} tokens/worker"
+        + (
+            f" + CPU tier {config.worker.cpu_kv_capacity_tokens:,} at "
+            f"{config.worker.kv_load_gbps:g} GB/s (router tiers {config.router_tiers})"
+            if config.worker.cpu_kv_capacity_tokens
+            else ""
+        ),
         file=sys.stderr,
     )
     started = time.perf_counter()
@@ -255,6 +271,14 @@ def run_and_report(
     summary = trace_summary(trace_path, trace)
     document = results_document(summary, config.fleet_size, time.perf_counter() - started, runs)
     document["pacing"] = config.pacing
+    worker = config.worker
+    document["kv"] = {
+        "gpu_tokens": worker.kv_capacity_tokens,
+        "cpu_tokens": worker.cpu_kv_capacity_tokens,
+        "load_gbps": worker.kv_load_gbps,
+        "bytes_per_token": worker.kv_bytes_per_token,
+        "router_tiers": config.router_tiers,
+    }
     add_bounds(document, fleet_bounds(trace, config).as_dict())
     if config.disaggregated:
         add_disaggregation(document, config, runs)

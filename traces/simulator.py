@@ -47,6 +47,8 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
+from typing import Literal
 
 import numpy as np
 
@@ -111,6 +113,10 @@ class Ingest:
         return when, i
 
 
+RouterTiers = Literal["on", "off", "exact"]
+ROUTER_TIERS: tuple[str, ...] = ("on", "off", "exact")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """How the simulated fleet and the router's shadows are set up."""
@@ -146,8 +152,13 @@ class SimConfig:
     kv_transfer_latency_s: float = kv_transfer.LATENCY_S
     kv_transfer_gbps: float = kv_transfer.GBPS
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN
+    # the workers' CPU KV tier (``worker.cpu_kv_capacity_tokens``), as the router sees it:
+    # "on" a shadow per tier, "off" ignored (GPU shadows only), "exact" read from the models
+    router_tiers: RouterTiers = "on"
 
     def __post_init__(self) -> None:
+        if self.router_tiers not in ROUTER_TIERS:
+            raise ValueError(f"router_tiers must be one of {ROUTER_TIERS}")
         if min(self.ingest_bytes_per_s, self.ingest_window_bytes) < 0:
             raise ValueError("ingest_bytes_per_s and ingest_window_bytes must be >= 0")
         if self.body_bytes_per_token <= 0:
@@ -184,7 +195,7 @@ class PolicyRun:
     finish: np.ndarray
     output_length: np.ndarray
     input_length: np.ndarray
-    cached: np.ndarray  # the worker's true cached prompt tokens
+    cached: np.ndarray  # the worker's true cached prompt tokens (both tiers)
     estimated: np.ndarray  # the active estimate at booking (the KV index's when it answered)
     pick_us: np.ndarray
     branches: dict[str, int]
@@ -202,6 +213,10 @@ class PolicyRun:
     transfer_s: np.ndarray | None = None
     transferred: np.ndarray | None = None  # prompt tokens whose KV crossed
     decode_branches: dict[str, int] = field(default_factory=dict)
+    # tiered workers only: of ``cached``, the tokens loaded from the CPU tier, and the CPU
+    # tier's estimate at booking (included in ``estimated``)
+    cpu_cached: np.ndarray | None = None
+    cpu_estimated: np.ndarray | None = None
 
     def latencies(self) -> dict[str, np.ndarray]:
         """Each request's TTFT and end-to-end time, and the TPOT of those that decode."""
@@ -247,6 +262,19 @@ class PolicyRun:
         }
         if self.decode_worker is not None:
             summary |= self._disaggregated_summary(prompt)
+        if self.cpu_cached is not None:
+            cpu = float(self.cpu_cached.sum())
+            gpu_cached, gpu_estimated = (
+                self.cached - self.cpu_cached,
+                self.estimated - self.cpu_estimated,
+            )
+            summary |= {
+                "gpu_hit_rate": (float(self.cached.sum()) - cpu) / prompt,
+                "cpu_hit_rate": cpu / prompt,
+                "shadow_abs_error_gpu": float(np.abs(gpu_estimated - gpu_cached).sum()) / prompt,
+                "shadow_abs_error_cpu": float(np.abs(self.cpu_estimated - self.cpu_cached).sum())
+                / prompt,
+            }
         return summary
 
     def _disaggregated_summary(self, prompt: float) -> dict[str, float | int]:
@@ -285,6 +313,8 @@ def make_worker_states(
     (``count`` workers named ``{prefix}-{i}``; default ``config.workers``)."""
     capacity = config.shadow_capacity_tokens or config.worker.kv_capacity_tokens
     blocks = capacity // BLOCK_TOKENS
+    worker = config.worker
+    tiered = worker.cpu_kv_capacity_tokens > 0 and config.router_tiers == "on"
     return [
         WorkerState(
             name=f"{prefix}-{i}",
@@ -292,11 +322,25 @@ def make_worker_states(
             radix=RadixTree(capacity_tokens=KEY_TOKENS * blocks, page_size=KEY_TOKENS),
             shadow=config.shadow,
             radix_token_weight=BLOCK_TOKENS // KEY_TOKENS,
-            rate=PrefillRate(config.worker.prefill_tokens_per_s),
-            adapters=AdapterSlots(config.worker.max_loras),
+            rate=PrefillRate(worker.prefill_tokens_per_s),
+            adapters=AdapterSlots(worker.max_loras),
+            cpu=BlockLRU(worker.cpu_capacity_blocks, BLOCK_TOKENS) if tiered else None,
+            kv_load_s_per_token=worker.load_s(1) if worker.cpu_kv_capacity_tokens else 0.0,
         )
         for i in range(config.workers if count is None else count)
     ]
+
+
+def read_exactly(state: WorkerState, model: WorkerModel) -> None:
+    """``--router-tiers exact``: ``state`` answers hits from ``model`` itself, each tier, plus
+    the blocks of requests booked there and not yet admitted (they will be cached first)."""
+    pinned = state.blocks.is_pinned
+
+    def tiers(blocks: Sequence[int]) -> tuple[int, int]:
+        gpu = max(model.cached_prefix_blocks(blocks), sum(1 for _ in takewhile(pinned, blocks)))
+        return gpu * BLOCK_TOKENS, model.cpu_prefix_blocks(blocks, gpu) * BLOCK_TOKENS
+
+    state.exact = tiers
 
 
 def simulate(
@@ -315,6 +359,8 @@ def simulate(
     disaggregated = config.disaggregated
     out = {k: np.zeros(n) for k in ("arrival", "first_token", "finish", "estimated", "pick_us")}
     cached = np.zeros(n, dtype=np.int64)
+    cpu_cached = np.zeros(n, dtype=np.int64)
+    cpu_estimated = np.zeros(n)
     chosen = np.zeros(n, dtype=np.int64)
     if disaggregated:
         states = make_worker_states(config, config.prefill_workers, "prefill")
@@ -336,9 +382,10 @@ def simulate(
         i = req.tag
         out["first_token"][i] = now
         cached[i] = req.cached_tokens
+        cpu_cached[i] = req.cpu_cached_tokens
         booking = bookings[i]
         booking.first_token(now)
-        booking.report_cached(req.cached_tokens)
+        booking.report_cached(req.cached_tokens, req.cpu_cached_tokens)
 
     def on_finish(req: SimRequest, now: float) -> None:
         i = req.tag
@@ -397,6 +444,9 @@ def simulate(
             for _ in decode_states
         ]
         models += disagg.decode_models
+    if config.router_tiers == "exact":
+        for state, model in zip(all_states, models, strict=True):
+            read_exactly(state, model)
     events = _EventLink(all_states, config) if config.kv_events else None
     # a reference picker (traces/oracle.py) reads the models' truth instead of the shadows
     truth_views = getattr(picker, "truth_views", None)
@@ -504,12 +554,13 @@ def simulate(
             else booking.radix_estimate
             if radix and booking.radix_estimate is not None
             else booking.blocks_estimate
-        )
-        est_blocks[i] = booking.blocks_estimate
+        ) + booking.cpu_estimate
+        cpu_estimated[i] = cpu = booking.cpu_estimate  # each shadow's, with the CPU tier's
+        est_blocks[i] = booking.blocks_estimate + cpu
         if booking.radix_estimate is not None:
-            est_radix[i] = booking.radix_estimate
+            est_radix[i] = booking.radix_estimate + cpu
         if booking.kv_estimate is not None:
-            est_kv[i] = booking.kv_estimate
+            est_kv[i] = booking.kv_estimate + cpu
         out["arrival"][i] = sent_at[i]  # TTFT counts from the client's send
         chosen[i] = pick.worker
         output = 1 if disagg is not None else max(1, req.output_length)
@@ -552,6 +603,8 @@ def simulate(
         },
         lora_swaps=sum(m.stats.lora_swaps for m in models),
     )
+    if config.worker.cpu_kv_capacity_tokens > 0:
+        run.cpu_cached, run.cpu_estimated = cpu_cached, cpu_estimated
     if disagg is not None:
         run.prefill_workers, run.decode_workers = len(states), len(decode_states)
         run.decode_worker = disagg.decode_worker

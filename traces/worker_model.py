@@ -68,9 +68,15 @@ from typing import Any
 import numpy as np
 
 from router.cache.block_hash import KEY_TOKENS, TOKEN_BYTES, keys_as_tokens
+from router.cache.block_lru import BlockLRU
 from router.cache.lora import adapter_blocks
 from router.cache.radix_tree import RadixTree, TreeNode
+from traces import kv_transfer
 from traces.record import BLOCK_TOKENS
+
+KV_LOAD_GBPS = 20.0
+"""Host to GPU KV loads, GB/s: PCIe Gen4 class (vLLM measures about 50 one way on an H100
+with its 0.5-2 MB blocks since 0.12; smaller blocks and older links move less)."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +92,27 @@ class WorkerModelConfig:
     eviction_policy: str = "lru"
     max_loras: int = 1  # distinct LoRA adapters in one batch and resident (vLLM's default)
     lora_load_s: float = 0.05  # loading an adapter into a GPU slot (a swap)
+    cpu_kv_capacity_tokens: int = 0  # the host-memory KV tier (0: none)
+    kv_load_gbps: float = KV_LOAD_GBPS  # host to GPU, GB/s (1e9 bytes)
+    kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN  # all layers
+
+    def __post_init__(self) -> None:
+        if self.cpu_kv_capacity_tokens < 0 or self.kv_bytes_per_token < 0:
+            raise ValueError("the CPU tier's capacity and the KV bytes per token must be >= 0")
+        if not self.kv_load_gbps > 0:
+            raise ValueError("the KV load bandwidth must be > 0")
 
     @property
     def capacity_blocks(self) -> int:
         return self.kv_capacity_tokens // BLOCK_TOKENS
+
+    @property
+    def cpu_capacity_blocks(self) -> int:
+        return self.cpu_kv_capacity_tokens // BLOCK_TOKENS
+
+    def load_s(self, tokens: int) -> float:
+        """Seconds to load ``tokens`` tokens' KV from the CPU tier into the GPU."""
+        return tokens * self.kv_bytes_per_token / (self.kv_load_gbps * 1e9)
 
     def decode_step_s(self, batch: int) -> float:
         return self.step_overhead_s + self.decode_s_per_seq * batch
@@ -135,6 +158,21 @@ def add_model_options(p: argparse.ArgumentParser, kv_help: str) -> None:
         default=d.lora_load_s * 1000,
         help="cost of loading a LoRA adapter that is not resident (one swap)",
     )
+    p.add_argument(
+        "--cpu-kv-capacity-tokens",
+        type=int,
+        default=d.cpu_kv_capacity_tokens,
+        help="a host-memory KV tier of this many tokens beneath the GPU's (vLLM's "
+        "OffloadingConnector, LMCache's CPU backend): every computed block is stored there "
+        "too, and a prefix found there is loaded instead of recomputed (0: no tier)",
+    )
+    p.add_argument(
+        "--kv-load-gbps",
+        type=float,
+        default=d.kv_load_gbps,
+        help="CPU tier to GPU KV load bandwidth, GB/s (1e9 bytes); a token's KV is "
+        "--kv-bytes-per-token",
+    )
 
 
 def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
@@ -147,6 +185,9 @@ def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModel
         decode_s_per_seq=args.decode_ms_per_seq / 1000,
         max_loras=args.max_loras,
         lora_load_s=args.lora_load_ms / 1000,
+        cpu_kv_capacity_tokens=args.cpu_kv_capacity_tokens,
+        kv_load_gbps=args.kv_load_gbps,
+        kv_bytes_per_token=getattr(args, "kv_bytes_per_token", kv_transfer.BYTES_PER_TOKEN),
         **more,
     )
 
@@ -161,6 +202,9 @@ def model_argv(config: WorkerModelConfig) -> list[str]:
         "--chunk-tokens", str(config.chunk_tokens),
         "--max-loras", str(config.max_loras),
         "--lora-load-ms", repr(config.lora_load_s * 1000),
+        "--cpu-kv-capacity-tokens", str(config.cpu_kv_capacity_tokens),
+        "--kv-load-gbps", repr(config.kv_load_gbps),
+        "--kv-bytes-per-token", str(config.kv_bytes_per_token),
     ]  # fmt: skip
 
 
@@ -177,7 +221,10 @@ class SimRequest:
     # disaggregated decode: the prompt's KV came from a prefill worker, so no prompt token is
     # computed here (the blocks still take memory and enter this worker's cache)
     kv_transferred: bool = False
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # found cached, in either tier (what the engine reports)
+    cpu_cached_tokens: int = 0  # of those, loaded from the CPU tier
+    ready_at: float = 0.0  # its CPU-tier blocks are on the GPU (it may prefill) from then
+    loading: tuple[int, ...] = ()  # CPU-tier blocks pinned while they load
     prefill_left: int = 0
     extra_blocks: int = 0  # tail of the prompt + output, not in the tree
     node: TreeNode | None = None
@@ -190,6 +237,9 @@ class SimRequest:
 class WorkerStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cpu_cached_tokens: int = 0  # of cached_tokens, loaded from the CPU tier
+    cpu_loads: int = 0  # requests that loaded blocks from the CPU tier
+    cpu_stored_blocks: int = 0  # blocks written to the CPU tier
     finished: int = 0
     lora_swaps: int = 0  # adapters loaded into a slot (not resident when admitted)
 
@@ -217,6 +267,13 @@ class WorkerModel:
         self.events: list[dict[str, Any]] | None = [] if events else None
         if events:
             self.cache.on_evict = self._evicted
+        # the CPU tier: block keys, least recently used first, pins for blocks being loaded
+        self.cpu: BlockLRU | None = None
+        if self.config.cpu_kv_capacity_tokens > 0:
+            on_evict = self._cpu_evicted if events else None
+            self.cpu = BlockLRU(self.config.cpu_capacity_blocks, BLOCK_TOKENS, on_evict)
+        self.loading: list[SimRequest] = []  # admitted, CPU-tier blocks still loading
+        self.link_free_at = 0.0  # the host to GPU link is busy with earlier loads until then
         self.on_first_token = on_first_token or (lambda r, t: None)
         self.on_finish = on_finish or (lambda r, t: None)
         self.waiting: deque[SimRequest] = deque()
@@ -264,6 +321,13 @@ class WorkerModel:
         """Leading ``blocks`` in the KV cache now (a lookup: no split, no lock, no touch)."""
         return self.cache.prefix_length(keys_as_tokens(blocks)) // KEY_TOKENS
 
+    def cpu_prefix_blocks(self, blocks: Sequence[int], gpu_blocks: int) -> int:
+        """Blocks after the first ``gpu_blocks`` that the CPU tier holds, consecutively
+        (what a request would load; 0 without a tier)."""
+        if self.cpu is None:
+            return 0
+        return self.cpu.match_blocks(blocks[gpu_blocks:])
+
     def take_events(self) -> list[dict[str, Any]]:
         """The KV events recorded since the last call (empty without ``events=True``)."""
         events = self.events
@@ -276,9 +340,15 @@ class WorkerModel:
         keys = np.frombuffer(key, dtype="<u8").tolist()
         self.events.append({"type": "BlockRemoved", "block_hashes": keys, "medium": "GPU"})
 
+    def _cpu_evicted(self, block: int) -> None:
+        self.events.append({"type": "BlockRemoved", "block_hashes": [block], "medium": "CPU"})
+
     def reset_cache(self) -> None:
-        """Drop every cached block (the caller checks nothing runs), as an engine's reset."""
+        """Drop every cached block (the caller checks nothing runs), as an engine's reset,
+        in both tiers."""
         self.cache.reset()
+        if self.cpu is not None:
+            self.cpu.clear()
         if self.events is not None:
             self.events.append({"type": "AllBlocksCleared"})
 
@@ -313,7 +383,9 @@ class WorkerModel:
         if request.adapter is not None:  # its blocks live in the adapter's own cache
             request.blocks = tuple(adapter_blocks(request.blocks, request.adapter))
         self.waiting.append(request)
-        if self.next_event is None:  # idle: start a step right away
+        if self.next_event is None or (
+            self._span_steps == 0 and not self._prefill_plan and self.next_event > now
+        ):  # idle, or only waiting for a load to end: start a step right away
             self._span_start, self._span_step, self._span_steps = now, 0.0, 0
             self._prefill_plan = []
             self._wake_at(now)
@@ -342,6 +414,7 @@ class WorkerModel:
             self._finish(heapq.heappop(self.decoding)[2], now)
         for req in finished_prefill:
             self.prefilling.remove(req)
+            self._store_cpu(req)
             req.first_token_time = now
             self.on_first_token(req, now)
             if req.output_length <= 1:
@@ -400,13 +473,61 @@ class WorkerModel:
             cache.dec_lock_ref(match.node)
             req.extra_blocks = extra
             self.extra_blocks += extra
-            req.cached_tokens = min(hit_blocks * BLOCK_TOKENS, req.input_length)
+            gpu_cached = min(hit_blocks * BLOCK_TOKENS, req.input_length)
+            loaded = 0 if req.kv_transferred else self.cpu_prefix_blocks(req.blocks, hit_blocks)
+            req.cached_tokens = min((hit_blocks + loaded) * BLOCK_TOKENS, req.input_length)
+            if loaded:
+                self._load(req, req.blocks[hit_blocks : hit_blocks + loaded], now)
+                req.cpu_cached_tokens = req.cached_tokens - gpu_cached
             req.prefill_left = 0 if req.kv_transferred else req.input_length - req.cached_tokens
-            self.stats.prompt_tokens += req.input_length
-            self.stats.cached_tokens += req.cached_tokens
+            stats = self.stats
+            stats.prompt_tokens += req.input_length
+            stats.cached_tokens += req.cached_tokens
+            stats.cpu_cached_tokens += req.cpu_cached_tokens
             self.prefilling.append(req)
         if skipped:  # back at the head, in their order (vLLM's skipped_waiting_requests)
             waiting.extendleft(reversed(skipped))
+
+    def _load(self, req: SimRequest, blocks: tuple[int, ...], now: float) -> None:
+        """Start loading ``blocks`` of ``req`` from the CPU tier (they are pinned there until
+        loaded; loads share the host to GPU link one after another); the request prefills
+        once they are in, and the batch runs on meanwhile (vLLM's asynchronous load: the
+        request waits in WAITING_FOR_REMOTE_KVS)."""
+        self.cpu.acquire(blocks)
+        start = max(now, self.link_free_at)
+        self.link_free_at = start + self.config.load_s(len(blocks) * BLOCK_TOKENS)
+        req.ready_at, req.loading = self.link_free_at, blocks
+        self.loading.append(req)
+        self.stats.cpu_loads += 1
+
+    def _loaded(self, now: float) -> float | None:
+        """Unpin the loads done by ``now``; when the next one is done (None: none left)."""
+        left, nxt = [], None
+        for req in self.loading:
+            if req.ready_at <= now:
+                self.cpu.release(req.loading)
+                req.loading = ()
+            else:
+                left.append(req)
+                nxt = req.ready_at if nxt is None else min(nxt, req.ready_at)
+        self.loading = left
+        return nxt
+
+    def _store_cpu(self, req: SimRequest) -> None:
+        """Write-through: a request's computed prompt blocks are copied to the CPU tier (the
+        OffloadingConnector stores every full block it computes, LMCache every chunk)."""
+        cpu = self.cpu
+        if cpu is None or req.kv_transferred:
+            return
+        new = [b for b in req.blocks if b not in cpu]
+        if new:
+            self.stats.cpu_stored_blocks += len(new)
+            if self.events is not None:
+                self.events.append(
+                    {"type": "BlockStored", "block_hashes": new, "parent_block_hash": None,
+                     "token_ids": [], "block_size": BLOCK_TOKENS, "medium": "CPU"}
+                )  # fmt: skip
+        cpu.insert(req.blocks)
 
     def _lora_slot(self, adapter: str) -> bool:
         """Whether a request for ``adapter`` may join the batch: it runs already, or a slot
@@ -435,15 +556,19 @@ class WorkerModel:
         load_s = 0.0
         if self._lora_loads:  # the adapters admitted at this boundary load before the step
             load_s, self._lora_loads = self._lora_loads * cfg.lora_load_s, 0
+        loaded_at = self._loaded(now) if self.loading else None
+        plan = []
         if self.prefilling:
             budget = cfg.chunk_tokens
-            plan = []
             for req in self.prefilling:
                 if budget <= 0:
                     break
+                if req.ready_at > now:  # its CPU-tier blocks are still loading
+                    continue
                 take = min(budget, req.prefill_left)
                 plan.append((req, take))
                 budget -= take
+        if plan:
             prefill_tokens = cfg.chunk_tokens - budget
             step = cfg.decode_step_s(batch) + prefill_tokens / cfg.prefill_tokens_per_s + load_s
             self._prefill_plan = plan
@@ -454,8 +579,14 @@ class WorkerModel:
             steps = max(1, self.decoding[0][0] - self.decode_counter)
             if self.waiting:
                 steps = 1  # retry admission at every boundary
+            elif loaded_at is not None:  # a load ends: its request joins at the next boundary
+                steps = min(steps, max(1, math.ceil((loaded_at - now) / step - 1e-12)))
             self._span_start, self._span_step, self._span_steps = now, step, steps
             self._wake_at(now + steps * step)
+        elif loaded_at is not None:  # nothing to run until a load ends
+            self._prefill_plan = []
+            self._span_start, self._span_step, self._span_steps = now, 0.0, 0
+            self._wake_at(loaded_at)
         else:
             self._span_steps = 0
             self._wake_at(None)

@@ -18,7 +18,7 @@ Not thread-safe: the proxy runs on one asyncio loop, the simulator on one thread
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import takewhile
 
 from router.cache.block_hash import BLOCK_SIZE
@@ -27,9 +27,22 @@ from router.cache.block_hash import BLOCK_SIZE
 class BlockLRU:
     """LRU set of block hashes with a capacity in blocks and pin counts for in-flight blocks."""
 
-    __slots__ = ("_contains", "_lru", "_pins", "block_size", "capacity_blocks", "evictions")
+    __slots__ = (
+        "_contains",
+        "_lru",
+        "_pins",
+        "block_size",
+        "capacity_blocks",
+        "evictions",
+        "on_evict",
+    )
 
-    def __init__(self, capacity_blocks: int, block_size: int = BLOCK_SIZE) -> None:
+    def __init__(
+        self,
+        capacity_blocks: int,
+        block_size: int = BLOCK_SIZE,
+        on_evict: Callable[[int], None] | None = None,
+    ) -> None:
         if capacity_blocks < 0:
             raise ValueError("capacity_blocks must be >= 0")
         if block_size <= 0:
@@ -40,6 +53,8 @@ class BlockLRU:
         self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned blocks, LRU first
         self._contains = self._pins.__contains__
         self.evictions = 0
+        # told of each block evicted for capacity (a tier below takes it; KV events)
+        self.on_evict = on_evict
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -141,3 +156,5 @@ class BlockLRU:
             del pins[block]
             excess -= 1
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(block)

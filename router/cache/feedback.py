@@ -59,6 +59,7 @@ def correct_shadow(
 
     ``configured_tokens`` is the radix tree's configured capacity in its own tokens.
     """
+    reported = max(0, reported - booking.cpu_estimate)  # the GPU's part, as far as we know
     worker = booking.worker
     lru = worker.blocks
     size = lru.block_size

@@ -27,7 +27,13 @@ vLLM's in ways :func:`decode_batch` and :func:`apply_events` accept:
   each naming the previous page as parent (newer versions coalesce a chain into one event);
   vLLM: one event per run of blocks;
 - ``medium`` is ``GPU``, ``CPU_PINNED``, ``DISK`` or ``EXTERNAL`` (HiCache tiers); vLLM
-  ``GPU`` / ``CPU``. Only ``GPU`` (or none) is indexed;
+  ``GPU`` / ``CPU`` (the OffloadingConnector's host tier, published when a store completes
+  and at a CPU eviction), LMCache ``cpu``. ``GPU`` (or none) is the index; the CPU media
+  (:data:`CPU_MEDIA`) are the worker's CPU tier (:meth:`KVIndex.cpu_match`): their
+  stored events carry no token ids, so each block's key is the one its GPU copy was stored
+  under (a write-through tier stores a block while the GPU still holds it); a block whose
+  GPU copy the index never saw is counted in ``cpu_unknown`` and left out. Other media are
+  skipped;
 - no ``lora_name``, ``extra_keys``, ``group_idx`` (vLLM 0.32's hybrid-model and multimodal
   fields); ``lora_id`` is always null;
 - the batch's third element is ``attn_dp_rank`` (vLLM: ``data_parallel_rank``); with DP
@@ -126,6 +132,9 @@ class KVIndexStats:
     gaps: int = 0
     restarts: int = 0
     desyncs: int = 0
+    cpu_stored: int = 0
+    cpu_removed: int = 0
+    cpu_unknown: int = 0  # CPU-tier blocks whose GPU copy was never seen (no key)
 
 
 class KVIndex:
@@ -147,6 +156,8 @@ class KVIndex:
         self._inflight: dict[int, int] = {}  # our key -> pins of booked requests
         self._unconfirmed: dict[int, int] = {}  # our key -> finished requests awaiting events
         self._grace: deque[tuple[float, list[int]]] = deque()  # (expiry, keys), oldest first
+        self._cpu: dict[BlockHash, int] = {}  # the CPU tier: engine hash -> our key
+        self._cpu_keys: dict[int, int] = {}  # our key -> copies in the CPU tier
         self.stats = KVIndexStats()
 
     def __len__(self) -> int:
@@ -183,11 +194,64 @@ class KVIndex:
             self._keys.pop(key, None)
         self.stats.removed += 1
 
+    def store_cpu(self, block_hash: BlockHash) -> None:
+        """The worker copied ``block_hash`` to its CPU tier (keyed as its GPU copy)."""
+        if block_hash in self._cpu:
+            return
+        key = self.key_of(block_hash)
+        if key is None:
+            self.stats.cpu_unknown += 1
+            return
+        self._cpu[block_hash] = key
+        self._cpu_keys[key] = self._cpu_keys.get(key, 0) + 1
+        self.stats.cpu_stored += 1
+
+    def remove_cpu(self, block_hash: BlockHash) -> None:
+        key = self._cpu.pop(block_hash, None)
+        if key is None:
+            return
+        left = self._cpu_keys[key] - 1
+        if left > 0:
+            self._cpu_keys[key] = left
+        else:
+            del self._cpu_keys[key]
+        self.stats.cpu_removed += 1
+
+    @property
+    def cpu_blocks(self) -> int:
+        return len(self._cpu)
+
+    def cpu_match(self, keys: Sequence[int], start: int) -> int:
+        """Consecutive ``keys`` from index ``start`` that the CPU tier holds."""
+        held = self._cpu_keys
+        n = 0
+        for key in keys[start:]:
+            if key not in held:
+                break
+            n += 1
+        return n
+
+    def estimate_cpu(self, tokens: bytes | None, input_length: int, gpu_hit: int) -> int | None:
+        """Tokens the worker would load from its CPU tier after a GPU hit of ``gpu_hit``
+        (index tokens); None when the index cannot tell."""
+        if not self.synced or tokens is None:
+            return None
+        keys = self.keys(tokens)
+        if keys is None:
+            return None
+        size = self.block_size or 1
+        start = gpu_hit // size
+        limit = max(0, input_length - 1) // size  # vLLM's lookup cap, as for the GPU
+        blocks = min(start + self.cpu_match(keys, start), limit)
+        return max(0, blocks * size - gpu_hit)
+
     def clear(self) -> None:
-        """Forget every stored block and every finished request's blocks (pins of requests
-        in flight belong to their bookings and stay)."""
+        """Forget every stored block, in both tiers, and every finished request's blocks
+        (pins of requests in flight belong to their bookings and stay)."""
         self._blocks.clear()
         self._keys.clear()
+        self._cpu.clear()
+        self._cpu_keys.clear()
         self._unconfirmed.clear()
         self._grace.clear()
 
@@ -288,6 +352,10 @@ class KVIndex:
             "gaps": s.gaps,
             "restarts": s.restarts,
             "desyncs": s.desyncs,
+            "cpu_blocks": len(self._cpu),
+            "cpu_stored": s.cpu_stored,
+            "cpu_removed": s.cpu_removed,
+            "cpu_unknown": s.cpu_unknown,
         }
 
 
@@ -348,15 +416,27 @@ def _extra_seed(parent: int, extra: Any) -> int:
     return _xxh3(repr(extra).encode(), parent)
 
 
+CPU_MEDIA = frozenset(("CPU", "CPU_PINNED", "cpu"))
+"""Media naming a worker's host-memory tier: vLLM's OffloadingConnector (``CPU``), SGLang's
+HiCache (``CPU_PINNED``), LMCache's CPU backend (``cpu``)."""
+
+
 def apply_events(index: KVIndex, events: Iterable[dict[str, Any]]) -> None:
     """Apply one batch's events to ``index`` (stored blocks, removals, clears)."""
     stats = index.stats
     for event in events:
         kind = event.get("type")
+        medium = event.get("medium")
+        if medium in CPU_MEDIA and event.get("group_idx") in (None, 0):
+            change = index.store_cpu if kind == "BlockStored" else index.remove_cpu
+            if kind in ("BlockStored", "BlockRemoved"):
+                for block_hash in event.get("block_hashes") or ():
+                    change(_hashable(block_hash))
+                continue
         if kind == "BlockStored":
             _apply_stored(index, event)
         elif kind == "BlockRemoved":
-            if event.get("medium") not in (None, "GPU") or event.get("group_idx") not in (None, 0):
+            if medium not in (None, "GPU") or event.get("group_idx") not in (None, 0):
                 stats.skipped += 1
                 continue
             for block_hash in event.get("block_hashes") or ():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,6 +54,15 @@ class ShadowAccuracy:
     kv_reported_tokens: int = 0
     kv_estimate_tokens: int = 0
     kv_abs_error_tokens: int = 0
+    # per tier, over the reports that split their cached tokens by tier (the sim worker's;
+    # vLLM and SGLang report the sum): the CPU tier's estimate against the CPU tier's truth,
+    # the active GPU estimate against the GPU's
+    tier_requests: int = 0
+    tier_prompt_tokens: int = 0
+    cpu_reported_tokens: int = 0
+    cpu_estimate_tokens: int = 0
+    cpu_abs_error_tokens: int = 0
+    gpu_abs_error_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -87,6 +96,14 @@ class WorkerState:
     # one's prefill began then at the latest)
     prefill_queue: deque[Booking] = field(default_factory=deque, repr=False)
     prefill_since: float = 0.0
+    # the worker's CPU KV tier: its shadow (write-through, as the worker's own: every booked
+    # request's blocks), None when the router ignores the tier (``--router-tiers off``) or
+    # the worker has none; seconds to load one token's KV from it
+    cpu: BlockLRU | None = None
+    kv_load_s_per_token: float = 0.0
+    # the simulator's exact reading of the worker itself, (GPU hit, CPU-tier hit) of a
+    # request's blocks (``--router-tiers exact``: a yardstick, no live router has it)
+    exact: Callable[[Sequence[int]], tuple[int, int]] | None = field(default=None, repr=False)
 
     def prefill_left(self, now: float) -> int:
         """Prefill tokens still to compute at ``now``: the pending ones less what the oldest
@@ -118,6 +135,8 @@ class WorkerState:
         return self.blocks.capacity_blocks * self.blocks.block_size
 
     def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
+        if self.exact is not None:
+            return self.exact(blocks)[0]
         index = self.kv_index
         if index is not None and index.synced and tokens is not None:
             hit = index.estimate(tokens, len(tokens) // 4)
@@ -126,6 +145,37 @@ class WorkerState:
         if self.shadow == "radix" and self.radix is not None and tokens is not None:
             return self.radix.prefix_length(tokens) * self.radix_token_weight
         return self.blocks.estimate_cache_hit(blocks)
+
+    @property
+    def tiered(self) -> bool:
+        """Whether the router reads this worker's CPU tier (a shadow, or exactly)."""
+        return self.kv_load_s_per_token > 0 and (self.cpu is not None or self.exact is not None)
+
+    def estimate_tiers(self, blocks: Sequence[int], tokens: bytes | None = None) -> tuple[int, int]:
+        """(GPU hit, CPU-tier hit) in tokens: the CPU-tier hit is what the worker would load
+        after its GPU prefix (whole blocks the CPU shadow holds, consecutively); 0 without a
+        tier shadow."""
+        if self.exact is not None:
+            return self.exact(blocks)
+        gpu = self.estimate_cache_hit(blocks, tokens)
+        return gpu, self.cpu_after(blocks, gpu, tokens)
+
+    def cpu_after(self, blocks: Sequence[int], gpu_hit: int, tokens: bytes | None = None) -> int:
+        """Tokens past a GPU hit of ``gpu_hit`` that the CPU tier holds: as its KV events
+        tell (the index, when synced and given ``tokens``), else as its shadow has it."""
+        cpu = self.cpu
+        if cpu is None:
+            return 0
+        index = self.kv_index
+        if index is not None and index.synced and tokens is not None:
+            weight = self.radix_token_weight
+            more = index.estimate_cpu(tokens, len(tokens) // 4, gpu_hit // weight)
+            if more is not None:
+                return more * weight
+        size = cpu.block_size
+        start = gpu_hit // size
+        more = cpu.match_blocks(blocks[start:])
+        return max(0, (start + more) * size - gpu_hit) if more else 0
 
     def book(
         self,
@@ -156,7 +206,8 @@ class WorkerState:
             radix_hit = min(result.cached_tokens * self.radix_token_weight, request.input_length)
             node = result.node
         size = self.worker_block_size
-        if size and request.tokens is not None and not isinstance(request.tokens, TextBytes):
+        exact_tokens = request.tokens is not None and not isinstance(request.tokens, TextBytes)
+        if size and exact_tokens:
             # exact tokens: what the worker can report is whole blocks of its own size, and
             # never the prompt's last token (vLLM recomputes it)
             blocks_hit = worker_visible(blocks_hit, request.input_length, size)
@@ -172,7 +223,20 @@ class WorkerState:
                 kv_hit = min(kv_hit * self.radix_token_weight, request.input_length)
                 hit = kv_hit
             kv_keys = index.pin(request.tokens)
-        new_prefill = max(0, request.input_length - hit)
+        cpu_hit = 0
+        if self.exact is not None:
+            hit, cpu_hit = self.exact(request.blocks)
+            hit = min(hit, request.input_length)
+            cpu_hit = min(cpu_hit, request.input_length - hit)
+        elif self.cpu is not None:
+            cpu_hit = self.cpu_after(request.blocks, hit, request.tokens)
+            if cpu_hit:
+                total = min(hit + cpu_hit, request.input_length)
+                if size and exact_tokens:
+                    total = worker_visible(total, request.input_length, size)
+                cpu_hit = max(0, total - hit)
+            self.cpu.insert(request.blocks)  # write-through: the worker stores what it computes
+        new_prefill = max(0, request.input_length - hit - cpu_hit)
         queued_ahead = self.pending_prefill_tokens
         if request.session_id is not None:
             self.footprint.touch(
@@ -201,6 +265,7 @@ class WorkerState:
             queued_ahead=queued_ahead,
             radix_pending=radix_pending,
             adapter=adapter,
+            cpu_estimate=cpu_hit,
         )
         if new_prefill:
             self.prefill_queue.append(booking)
@@ -236,6 +301,7 @@ class Booking:
     ttft_valid: bool = True  # False: the first byte is not the first token (not streamed)
     radix_pending: bytes | None = None  # tokens whose radix insert book(radix_later) left
     adapter: str | None = None  # the LoRA adapter it runs (released from the worker's slots)
+    cpu_estimate: int = 0  # tokens the CPU tier's shadow expected the worker to load
 
     def insert_radix(self) -> None:
         """The radix insert :meth:`WorkerState.book` left for later (once; no-op otherwise):
@@ -290,28 +356,57 @@ class Booking:
             worker.adapters.release(self.adapter)
         return True
 
-    def report_cached(self, cached_tokens: int) -> None:
-        """Record the worker's own count of prompt tokens it found cached (once)."""
+    def report_cached(self, cached_tokens: int, cpu_cached_tokens: int | None = None) -> None:
+        """Record the worker's own count of prompt tokens it found cached (once), in both
+        tiers; ``cpu_cached_tokens``: those it loaded from its CPU tier, where it says.
+
+        Each shadow's estimate is scored with the CPU tier's estimate added: the worker
+        counts what it loads as cached (vLLM's ``num_cached_tokens`` includes the
+        connector's tokens)."""
         if self.reported_cached is not None or cached_tokens < 0:
             return
         self.reported_cached = cached_tokens
         acc = self.worker.accuracy
+        cpu = self.cpu_estimate
         acc.requests += 1
         acc.reported_tokens += cached_tokens
-        acc.blocks_estimate_tokens += self.blocks_estimate
-        acc.blocks_abs_error_tokens += abs(self.blocks_estimate - cached_tokens)
+        acc.blocks_estimate_tokens += self.blocks_estimate + cpu
+        acc.blocks_abs_error_tokens += abs(self.blocks_estimate + cpu - cached_tokens)
         acc.prompt_tokens += self.input_length
         if self.kv_estimate is not None:
             acc.kv_requests += 1
             acc.kv_prompt_tokens += self.input_length
             acc.kv_reported_tokens += cached_tokens
-            acc.kv_estimate_tokens += self.kv_estimate
-            acc.kv_abs_error_tokens += abs(self.kv_estimate - cached_tokens)
+            acc.kv_estimate_tokens += self.kv_estimate + cpu
+            acc.kv_abs_error_tokens += abs(self.kv_estimate + cpu - cached_tokens)
         if self.radix_estimate is not None:
-            acc.radix_estimate_tokens += self.radix_estimate
-            acc.radix_abs_error_tokens += abs(self.radix_estimate - cached_tokens)
-        if self.ttft_valid and self.first_token_at is not None and not self.queued_ahead:
+            acc.radix_estimate_tokens += self.radix_estimate + cpu
+            acc.radix_abs_error_tokens += abs(self.radix_estimate + cpu - cached_tokens)
+        if cpu_cached_tokens is not None and 0 <= cpu_cached_tokens <= cached_tokens:
+            gpu_estimate = self._active_estimate()
+            acc.tier_requests += 1
+            acc.tier_prompt_tokens += self.input_length
+            acc.cpu_reported_tokens += cpu_cached_tokens
+            acc.cpu_estimate_tokens += cpu
+            acc.cpu_abs_error_tokens += abs(cpu - cpu_cached_tokens)
+            acc.gpu_abs_error_tokens += abs(gpu_estimate - (cached_tokens - cpu_cached_tokens))
+        if (
+            self.ttft_valid
+            and self.first_token_at is not None
+            and not self.queued_ahead
+            and not cpu
+            and not cpu_cached_tokens
+        ):
             # a clean sample: nothing was queued ahead, so the wait was this request's own
-            # uncached prefill (a queue's partly done prefill would read as a faster worker)
+            # uncached prefill (a queue's partly done prefill would read as a faster worker;
+            # a load from the CPU tier is not prefill)
             work = max(0, self.input_length - cached_tokens)
             self.worker.rate.observe(work, self.first_token_at - self.booked_at)
+
+    def _active_estimate(self) -> int:
+        """The GPU estimate that priced this booking: the KV index's, else the shadow's."""
+        if self.kv_estimate is not None:
+            return self.kv_estimate
+        if self.worker.shadow == "radix" and self.radix_estimate is not None:
+            return self.radix_estimate
+        return self.blocks_estimate

@@ -50,7 +50,13 @@ Metrics (labels):
 - what the workers say and how the shadows score against it: :func:`truth_metrics`
   (``worker_prefix_cache_*``, ``worker_requests_*``, ``worker_kv_*``, ``shadow_error_ratio``,
   ``kv_events_total``); ``estimated_cached_tokens_total`` and ``shadow_abs_error_tokens_total``
-  also have ``shadow="kv_events"`` in precise mode.
+  also have ``shadow="kv_events"`` in precise mode;
+- per KV tier, where the workers have a CPU tier (``--cpu-kv-capacity-tokens``):
+  ``estimated_cached_tokens_total`` and ``shadow_abs_error_tokens_total`` with
+  ``shadow="cpu_tier"`` (the CPU tier's shadow against the tokens the worker says it loaded)
+  and ``shadow="gpu_tier"`` (the active GPU estimate against the rest), ``shadow_error_ratio``
+  for both, over the reports that split their cached tokens by tier (the sim worker's);
+  ``worker_cpu_shadow_blocks``, ``worker_cpu_shadow_capacity_blocks`` (worker) gauges.
 """
 
 from __future__ import annotations
@@ -329,6 +335,8 @@ class PoolCollector(Collector):
         capacity = gauge("worker_shadow_capacity_blocks", "Block shadow capacity (corrected)")
         radix_tokens = gauge("worker_radix_tokens", "Tokens in the radix shadow")
         radix_capacity = gauge("worker_radix_capacity_tokens", "Radix shadow capacity (corrected)")
+        cpu_blocks = gauge("worker_cpu_shadow_blocks", "Blocks in the CPU tier's shadow")
+        cpu_capacity = gauge("worker_cpu_shadow_capacity_blocks", "CPU tier shadow capacity")
 
         for w in workers:
             url, state, stats = w.url, w.state, w.stats
@@ -350,6 +358,12 @@ class PoolCollector(Collector):
             if state.kv_index is not None:  # precise mode: scored over synced dispatches
                 estimated.add_metric([url, "kv_events"], acc.kv_estimate_tokens)
                 abs_error.add_metric([url, "kv_events"], acc.kv_abs_error_tokens)
+            if state.cpu is not None:  # per tier, over reports that split by tier
+                estimated.add_metric([url, "cpu_tier"], acc.cpu_estimate_tokens)
+                abs_error.add_metric([url, "cpu_tier"], acc.cpu_abs_error_tokens)
+                abs_error.add_metric([url, "gpu_tier"], acc.gpu_abs_error_tokens)
+                cpu_blocks.add_metric([url], len(state.cpu))
+                cpu_capacity.add_metric([url], state.cpu.capacity_blocks)
             for kind, n in stats.upstream_errors.items():
                 upstream_errors.add_metric([url, kind], n)
             for (shadow, direction), n in stats.corrections.items():
@@ -388,6 +402,8 @@ class PoolCollector(Collector):
             capacity,
             radix_tokens,
             radix_capacity,
+            cpu_blocks,
+            cpu_capacity,
             rejected,
             router_in_flight,
             connections,
@@ -603,8 +619,8 @@ def truth_metrics(workers: list) -> Iterator[Metric]:
     kv_total = CounterMetricFamily(
         PREFIX + "kv_events", "KV event processing by kind", labels=["worker", "kind"]
     )
-    errors = {"blocks": 0, "radix": 0, "kv_events": 0}
-    prompts = {"blocks": 0, "radix": 0, "kv_events": 0}
+    errors = {"blocks": 0, "radix": 0, "kv_events": 0, "cpu_tier": 0, "gpu_tier": 0}
+    prompts = dict.fromkeys(errors, 0)
     now = time.monotonic()
     for w in workers:
         url, truth, state, acc = w.url, w.truth, w.state, w.state.accuracy
@@ -631,6 +647,14 @@ def truth_metrics(workers: list) -> Iterator[Metric]:
             scored.add_metric([url, "radix"], acc.prompt_tokens)
             errors["radix"] += acc.radix_abs_error_tokens
             prompts["radix"] += acc.prompt_tokens
+        if state.cpu is not None:
+            for tier, error in (
+                ("cpu_tier", acc.cpu_abs_error_tokens),
+                ("gpu_tier", acc.gpu_abs_error_tokens),
+            ):
+                scored.add_metric([url, tier], acc.tier_prompt_tokens)
+                errors[tier] += error
+                prompts[tier] += acc.tier_prompt_tokens
         index = state.kv_index
         if index is not None:
             scored.add_metric([url, "kv_events"], acc.kv_prompt_tokens)

@@ -312,7 +312,10 @@ class RouterCore:
             by_model.reported_requests += 1
             by_model.reported_prompt_tokens += input_length
             by_model.reported_cached_tokens += reported
-        booking.report_cached(reported)
+        cpu = usage.cpu_cached_tokens
+        if cpu is not None:
+            cpu = to_router_tokens(cpu, usage.prompt_tokens, input_length)
+        booking.report_cached(reported, cpu)
         if self.correct and not worker.capacity_reported:
             change = correct_shadow(
                 booking, reported, worker.capacity_blocks, worker.capacity_tokens

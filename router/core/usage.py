@@ -24,6 +24,9 @@ from typing import NamedTuple
 import orjson
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+# of those, the ones the worker loaded from its CPU KV tier: the sim worker's extension of
+# ``prompt_tokens_details`` (vLLM and SGLang report only the sum)
+_CPU_CACHED = re.compile(rb'"cpu_cached_tokens"\s*:\s*(\d+)')
 _PROMPT = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')  # chat, responses
 # the whitespace is bounded so that a match is too: a reader keeps fewer bytes than one
 _RESPONSE_ID = re.compile(rb'"id"\s{0,16}:\s{0,16}"(resp_[^"\\]{1,200})"')
@@ -39,6 +42,7 @@ class Usage(NamedTuple):
 
     cached_tokens: int
     prompt_tokens: int | None
+    cpu_cached_tokens: int | None = None  # of cached_tokens, loaded from the CPU tier
 
 
 def response_id_in(data: bytes) -> str | None:
@@ -85,7 +89,12 @@ def scan_body(data: bytes) -> Usage | None:
     if not cached:
         return None
     prompt = _PROMPT.findall(data)
-    return Usage(sum(map(int, cached)), sum(map(int, prompt)) if prompt else None)
+    cpu = _CPU_CACHED.findall(data)
+    return Usage(
+        sum(map(int, cached)),
+        sum(map(int, prompt)) if prompt else None,
+        sum(map(int, cpu)) if cpu else None,
+    )
 
 
 def _first_usage(data: bytes) -> Usage | None:
@@ -95,8 +104,14 @@ def _first_usage(data: bytes) -> Usage | None:
         return None
     start = data.rfind(b"\n\n", 0, cached.start()) + 1
     end = data.find(b"\n\n", cached.end())
-    prompt = _PROMPT.search(data, start, end if end >= 0 else len(data))
-    return Usage(int(cached.group(1)), int(prompt.group(1)) if prompt else None)
+    stop = end if end >= 0 else len(data)
+    prompt = _PROMPT.search(data, start, stop)
+    cpu = _CPU_CACHED.search(data, start, stop)
+    return Usage(
+        int(cached.group(1)),
+        int(prompt.group(1)) if prompt else None,
+        int(cpu.group(1)) if cpu else None,
+    )
 
 
 def _event_payload(event: bytes) -> bytes:

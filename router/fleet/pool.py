@@ -131,6 +131,19 @@ class Worker:
                 "kv_events_estimate_tokens": acc.kv_estimate_tokens,
                 "kv_events_abs_error_tokens": acc.kv_abs_error_tokens,
             },
+            "cpu_tier": None
+            if state.cpu is None
+            else {
+                "shadow_blocks": len(state.cpu),
+                "shadow_capacity_blocks": state.cpu.capacity_blocks,
+                "load_s_per_token": state.kv_load_s_per_token,
+                "requests": acc.tier_requests,
+                "prompt_tokens": acc.tier_prompt_tokens,
+                "reported_tokens": acc.cpu_reported_tokens,
+                "estimate_tokens": acc.cpu_estimate_tokens,
+                "abs_error_tokens": acc.cpu_abs_error_tokens,
+                "gpu_abs_error_tokens": acc.gpu_abs_error_tokens,
+            },
             "worker_metrics": self.truth.describe(),
             "kv_events": self.kv_events.describe() if self.kv_events is not None else None,
             "consecutive_failures": self.consecutive_failures,
@@ -236,6 +249,11 @@ class WorkerPool:
             kv_index=KVIndex() if s.kv_events else None,
             rate=PrefillRate(s.prefill_tokens_per_s),
         )
+        if s.cpu_kv_capacity_tokens:
+            state.kv_load_s_per_token = s.kv_bytes_per_token / (s.kv_load_gbps * 1e9)
+            if s.router_tiers == "on":
+                cpu_blocks = max(1, s.cpu_kv_capacity_tokens // s.block_size)
+                state.cpu = BlockLRU(cpu_blocks, s.block_size)
         worker = Worker(
             url=url,
             state=state,

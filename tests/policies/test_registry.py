@@ -30,6 +30,7 @@ def test_names():
         "dynamo",
         "smg",
         "aibrix",
+        "tiered",
     }
 
 

@@ -262,14 +262,23 @@ class Reply:
     model: str
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
+    cached_tokens: int  # both tiers, as vLLM counts the connector's tokens in its own
+    # of those, loaded from the CPU tier (None: the worker has no tier); an extension no
+    # engine reports, so a replay can score the router's shadow of each tier
+    cpu_cached_tokens: int | None = None
+
+    def details(self) -> dict[str, int]:
+        """``prompt_tokens_details`` (``input_tokens_details`` on the Responses API)."""
+        if self.cpu_cached_tokens is None:
+            return {"cached_tokens": self.cached_tokens}
+        return {"cached_tokens": self.cached_tokens, "cpu_cached_tokens": self.cpu_cached_tokens}
 
     def usage(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "prompt_tokens_details": self.details(),
         }
 
     def meta_info(self, completion_tokens: int, done: bool, latency: float) -> dict[str, Any]:

@@ -271,12 +271,35 @@ class VllmCollector(Collector):
         queries = "Prefix cache queries, in terms of number of queried tokens."
         yield counter("vllm:prefix_cache_queries", queries, stats.prompt_tokens)
         hits = "Prefix cache hits, in terms of number of cached tokens."
-        yield counter("vllm:prefix_cache_hits", hits, stats.cached_tokens)
+        gpu_hits = stats.cached_tokens - stats.cpu_cached_tokens  # the GPU's own cache
+        yield counter("vllm:prefix_cache_hits", hits, gpu_hits)
+        if model.cpu is not None:  # the KV connector's (OffloadingConnector's CPU tier)
+            queried = "External prefix cache queries from KV connector cross-instance cache "
+            yield counter(
+                "vllm:external_prefix_cache_queries",
+                queried + "sharing, in terms of number of queried tokens.",
+                stats.prompt_tokens - gpu_hits,
+            )
+            yield counter(
+                "vllm:external_prefix_cache_hits",
+                "External prefix cache hits from KV connector cross-instance cache sharing, "
+                "in terms of number of cached tokens.",
+                stats.cpu_cached_tokens,
+            )
         yield counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens
         )
-        cached = "Number of cached prompt tokens (local prefix cache)."
+        cached = "Number of cached prompt tokens (local + external)."
         yield counter("vllm:prompt_tokens_cached", cached, stats.cached_tokens)
+        by_source = CounterMetricFamily(
+            "vllm:prompt_tokens_cached_by_source",
+            "Number of cached prompt tokens by source.",
+            labels=[*keys, "source"],
+        )
+        by_source.add_metric([*values, "device"], gpu_hits)
+        if model.cpu is not None:
+            by_source.add_metric([*values, "host"], stats.cpu_cached_tokens)
+        yield by_source
         gen = "Number of generation tokens processed."
         yield counter("vllm:generation_tokens", gen, worker.generation_tokens)
         success = CounterMetricFamily(

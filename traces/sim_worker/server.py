@@ -234,6 +234,7 @@ class _Service:
             req.input_length,
             req.output_length,
             req.cached_tokens,
+            req.cpu_cached_tokens if self.worker.model.cpu is not None else None,
         )
 
     async def _events(self, gen: GenRequest, handle: Handle, rid: str) -> AsyncIterator[bytes]:

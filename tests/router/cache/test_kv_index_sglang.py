@@ -105,7 +105,11 @@ def test_sglang_and_vllm_encodings_of_the_same_cache_give_the_same_index() -> No
 def test_sglang_host_tiers_and_salted_blocks_never_match_a_plain_request() -> None:
     host_pages = sglang_pages(5, medium="CPU_PINNED")[1:]  # HiCache's host tier
     host = index_of(sglang_batch(*sglang_pages(1)), sglang_batch(*host_pages))
-    assert estimate(host) == BS and host.stats.skipped == 4
+    # the host tier is the CPU tier's index, never a GPU hit; pages whose GPU copy the index
+    # never saw have no key there either
+    assert estimate(host) == BS and host.stats.cpu_unknown == 4 and host.cpu_blocks == 0
+    both = index_of(sglang_batch(*sglang_pages(5)), sglang_batch(*host_pages))
+    assert both.stats.cpu_stored == 4 and both.cpu_blocks == 4
     gone = index_of(
         sglang_batch(*sglang_pages(5)), sglang_batch(["BlockRemoved", SGLANG_HASHES, "DISK"])
     )

@@ -156,13 +156,16 @@ def test_other_media_groups_and_malformed_events_are_skipped() -> None:
     apply_events(
         index,
         [
-            stored(prompt, None, 1, medium="CPU"),
+            stored(prompt, None, 1, medium="DISK"),
             stored(prompt, None, 1, group_idx=1),
             {**stored(prompt, None, 1), "token_ids": prompt[:40]},
             {"type": "Mystery"},
         ],
     )
     assert len(index) == 0 and index.stats.skipped == 4
+    # the CPU tier's events go to its own part of the index, never a GPU hit
+    apply_events(index, [stored(prompt, None, 1, medium="CPU")])
+    assert len(index) == 0 and index.stats.cpu_unknown == 2 and index.cpu_blocks == 0
 
 
 def test_approximate_tokens_and_unsynced_index_give_no_estimate() -> None:

@@ -1,0 +1,166 @@
+"""The simulator with CPU KV tiers (issue 43): the router reads them on, off or exactly."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import traces
+from policies.registry import make_picker
+from router.cli import main
+from traces import simulate as simulate_cmd
+from traces.bounds import trace_bounds
+from traces.formats import load_trace
+from traces.record import TraceRequest
+from traces.simulator import SimConfig, make_worker_states, simulate
+from traces.worker_model import WorkerModelConfig
+
+SAMPLE = Path(traces.__file__).parent / "data" / "weka_agentic_sample.jsonl"
+GPU = 131_072
+# 2 workers with small GPU caches (the sample's prompts reach 256k tokens: eviction is
+# common) and a CPU tier of 4x; arrivals stretched 10x so that queues stay short enough for
+# a booking's view of the tiers to hold until admission
+WORKER = WorkerModelConfig(kv_capacity_tokens=GPU, cpu_kv_capacity_tokens=4 * GPU)
+CONFIG = SimConfig(workers=2, worker=WORKER, speedup=0.1)
+TIER_KEYS = {"gpu_hit_rate", "cpu_hit_rate", "shadow_abs_error_gpu", "shadow_abs_error_cpu"}
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return load_trace(SAMPLE)[:60]
+
+
+@pytest.fixture(scope="module")
+def runs(sample):
+    return {
+        tiers: simulate(sample, make_picker("ttft"), replace(CONFIG, router_tiers=tiers))
+        for tiers in ("off", "on", "exact")
+    }
+
+
+def test_every_request_finishes_and_tier_keys_are_reported(sample, runs):
+    for run in runs.values():
+        assert run.requests == len(sample) == 60
+        assert np.all(run.finish >= run.first_token) and np.all(run.first_token > 0)
+        summary = run.summary()
+        assert set(summary) >= TIER_KEYS
+        assert summary["gpu_hit_rate"] + summary["cpu_hit_rate"] == pytest.approx(
+            summary["hit_rate"]
+        )
+        assert summary["cpu_hit_rate"] > 0.02  # evicted prefixes came back from the tier
+        assert np.all(run.cpu_cached <= run.cached)
+
+
+def test_tier_aware_router_estimates_the_cpu_part(runs):
+    on, off, exact = (runs[k].summary() for k in ("on", "off", "exact"))
+    assert runs["on"].cpu_estimated.sum() > 0
+    assert on["shadow_abs_error_cpu"] < 0.05
+    assert on["shadow_abs_error_cpu"] < on["cpu_hit_rate"]
+    assert exact["shadow_abs_error_cpu"] == 0.0  # it reads the models at admission's state
+    # off: the router has no CPU estimate, so its CPU error is the whole CPU hit
+    assert not runs["off"].cpu_estimated.any()
+    assert off["shadow_abs_error_cpu"] == pytest.approx(off["cpu_hit_rate"])
+
+
+def test_router_tier_states(sample):
+    states = make_worker_states(CONFIG)
+    assert all(s.tiered and s.cpu.capacity_blocks == 4 * GPU // 512 for s in states)
+    assert states[0].kv_load_s_per_token == pytest.approx(WORKER.load_s(1))
+    off = make_worker_states(replace(CONFIG, router_tiers="off"))
+    assert all(s.cpu is None and not s.tiered for s in off)
+    untiered = make_worker_states(replace(CONFIG, worker=replace(WORKER, cpu_kv_capacity_tokens=0)))
+    assert all(s.cpu is None and s.kv_load_s_per_token == 0.0 for s in untiered)
+    with pytest.raises(ValueError):
+        SimConfig(router_tiers="maybe")
+
+
+def test_without_a_tier_no_tier_summary(sample):
+    run = simulate(
+        sample[:20],
+        make_picker("ttft"),
+        replace(CONFIG, worker=replace(WORKER, cpu_kv_capacity_tokens=0)),
+    )
+    assert run.cpu_cached is None and not TIER_KEYS & set(run.summary())
+
+
+def _session(n_turns: int, blocks_per_turn: int, start: float, base: int) -> list[TraceRequest]:
+    out, blocks = [], ()
+    for t in range(n_turns):
+        blocks = blocks + tuple(range(base + t * blocks_per_turn, base + (t + 1) * blocks_per_turn))
+        out.append(TraceRequest(start + 30.0 * t, f"s{base}", t + 1, len(blocks) * 512, 16, blocks))
+    return out
+
+
+def test_hand_made_trace_one_worker_reloads_evicted_sessions():
+    # one worker of 32 GPU blocks: two sessions of 20-block turns push each other out
+    trace = sorted(
+        _session(3, 20, 0.0, 1000) + _session(3, 20, 15.0, 5000), key=lambda r: r.arrival
+    )
+    trace = [replace(r, request_id=i) for i, r in enumerate(trace)]
+    worker = WorkerModelConfig(kv_capacity_tokens=32 * 512, cpu_kv_capacity_tokens=256 * 512)
+    config = SimConfig(workers=1, worker=worker)
+    run = simulate(trace, make_picker("ttft"), config)
+    assert run.requests == 6
+    later = [i for i, r in enumerate(trace) if r.turn > 1]
+    # each later turn finds its previous turn's 20 (then 40) blocks in the CPU tier only
+    assert list(run.cpu_cached[later]) == [20 * 512, 20 * 512, 40 * 512, 40 * 512]
+    assert list(run.cached) == list(run.cpu_cached)
+    # the router's estimate of both tiers is right; its split follows its GPU shadow, which
+    # evicts block by block where the model's radix cache drops whole nodes
+    assert list(run.estimated) == list(run.cached)
+    assert np.all(run.cpu_estimated[later] > 0)
+    assert np.all(run.cpu_estimated <= run.cpu_cached)
+    exact = simulate(trace, make_picker("ttft"), replace(config, router_tiers="exact"))
+    assert list(exact.cpu_estimated) == list(exact.cpu_cached) == list(run.cpu_cached)
+    blind_worker = replace(worker, cpu_kv_capacity_tokens=0)
+    blind = simulate(trace, make_picker("ttft"), SimConfig(workers=1, worker=blind_worker))
+    assert not blind.cached.any()
+    ttft = run.first_token - run.arrival
+    blind_ttft = blind.first_token - blind.arrival
+    assert np.all(ttft[later] < blind_ttft[later])
+
+
+def test_bounds_pool_the_cpu_tiers(sample):
+    with_tier = trace_bounds(sample, 2, WORKER)
+    without = trace_bounds(sample, 2, replace(WORKER, cpu_kv_capacity_tokens=0))
+    assert with_tier.pooled_kv_tokens == 2 * (GPU + 4 * GPU)
+    assert without.pooled_kv_tokens == 2 * GPU
+    assert with_tier.hit_ceiling >= without.hit_ceiling
+
+
+def test_flags_reach_the_config():
+    parser = argparse.ArgumentParser()
+    simulate_cmd.add_parser(parser.add_subparsers())
+    argv = ["simulate", "--trace", str(SAMPLE), "--cpu-kv-capacity-tokens", "4096",
+            "--kv-load-gbps", "8", "--router-tiers", "exact"]  # fmt: skip
+    config = simulate_cmd.config_from_args(parser.parse_args(argv))
+    assert config.router_tiers == "exact"
+    assert (config.worker.cpu_kv_capacity_tokens, config.worker.kv_load_gbps) == (4096, 8.0)
+    default = simulate_cmd.config_from_args(parser.parse_args(["simulate", "--trace", "x"]))
+    assert default.router_tiers == "on" and default.worker.cpu_kv_capacity_tokens == 0
+
+
+def test_simulate_command_with_a_tier(tmp_path: Path):
+    out = tmp_path / "sim"
+    code = main(
+        [
+            "simulate", "--trace", str(SAMPLE), "--max-requests", "60", "--workers", "2",
+            "--policies", "ttft,tiered", "--kv-capacity-tokens", str(GPU),
+            "--cpu-kv-capacity-tokens", str(4 * GPU), "--router-tiers", "off",
+            "--speedup", "0.1", "--out", str(out), "--no-plots",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert set(doc["policies"]) == {"ttft", "tiered"}
+    for entry in doc["policies"].values():
+        assert entry["requests"] == 60 and set(entry) >= TIER_KEYS
+        assert entry["cpu_hit_rate"] > 0
+        # off: no CPU estimates at all
+        assert entry["shadow_abs_error_cpu"] == pytest.approx(entry["cpu_hit_rate"])
+    assert doc["bounds"]["pooled_kv_tokens"] == 2 * 5 * GPU
