@@ -224,12 +224,18 @@ _SCRIPT = r"""
       cell(tr, fmtInt(c.reports), "reports");
       cell(tr, fmtInt(w.pinned_blocks) + " / " + fmtInt(w.shadow_blocks) + " / " +
         fmtInt(w.shadow_capacity_blocks), "shadow_blocks");
+      const cpu = w.cpu_tier;  // the CPU KV tier's shadow: held / capacity, per-tier error
+      const tc = cell(tr, cpu ? fmtInt(cpu.shadow_blocks) + " / " +
+        fmtInt(cpu.shadow_capacity_blocks) : "\u2013", "cpu_tier");
+      if (cpu && num(cpu.prompt_tokens) > 0)
+        tc.title = "CPU tier error " + fmtPct(num(cpu.abs_error_tokens) / num(cpu.prompt_tokens)) +
+          ", GPU " + fmtPct(num(cpu.gpu_abs_error_tokens) / num(cpu.prompt_tokens));
       rows.push(tr);
     }
     if (!rows.length) {
       const tr = document.createElement("tr");
       const td = cell(tr, "no workers: add one with POST /workers", "empty", "empty");
-      td.colSpan = 12;
+      td.colSpan = 14;
       rows.push(tr);
     }
     body.replaceChildren(...rows);
@@ -536,6 +542,8 @@ _BODY = """
         reported hit</th>
       <th title="requests the worker reported cached tokens for">reports</th>
       <th title="pinned / held / capacity">shadow blocks</th>
+      <th title="the CPU KV tier's shadow: held / capacity blocks (hover: per-tier error)">
+        CPU tier</th>
     </tr></thead>
     <tbody id="workers-body"></tbody>
   </table>

@@ -427,6 +427,11 @@ def test_dashboard_in_chromium(browser: Chromium, workers: list[Service], tmp_pa
             ".map(td => td.textContent)"
         )
         assert roles == ["both", "both"]
+        tiers = tab.eval(
+            "[...document.querySelectorAll('#workers-body td[data-col=cpu_tier]')]"
+            ".map(td => td.textContent)"
+        )
+        assert tiers == ["\u2013", "\u2013"]  # no CPU KV tier configured
         model_requests = tab.eval(
             'document.querySelector(\'#models-body tr[data-model="sim-model"] '
             "td[data-col=requests]')?.textContent"
