@@ -548,19 +548,14 @@ def simulate(
         expected = 1 if disagg is not None else req.output_length
         booking = state.book(features, expected_output_tokens=expected, now=arrival)
         bookings[i] = booking
-        out["estimated"][i] = (
-            booking.kv_estimate
-            if booking.kv_estimate is not None
-            else booking.radix_estimate
-            if radix and booking.radix_estimate is not None
-            else booking.blocks_estimate
-        ) + booking.cpu_estimate
+        # the active GPU estimate (the KV index's when it answered), split by tier
+        out["estimated"][i] = booking.gpu_estimate + booking.cpu_estimate
         cpu_estimated[i] = cpu = booking.cpu_estimate  # each shadow's, with the CPU tier's
         est_blocks[i] = booking.blocks_estimate + cpu
         if booking.radix_estimate is not None:
             est_radix[i] = booking.radix_estimate + cpu
         if booking.kv_estimate is not None:
-            est_kv[i] = booking.kv_estimate + cpu
+            est_kv[i] = booking.gpu_estimate + cpu
         out["arrival"][i] = sent_at[i]  # TTFT counts from the client's send
         chosen[i] = pick.worker
         output = 1 if disagg is not None else max(1, req.output_length)

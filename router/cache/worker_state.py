@@ -158,7 +158,15 @@ class WorkerState:
         if self.exact is not None:
             return self.exact(blocks)
         gpu = self.estimate_cache_hit(blocks, tokens)
-        return gpu, self.cpu_after(blocks, gpu, tokens)
+        cpu = self.cpu_after(blocks, gpu, tokens)
+        index = self.kv_index
+        if self.cpu is None or index is None or not index.synced or tokens is None:
+            return gpu, cpu
+        if self.shadow == "radix" and self.radix is not None:
+            shadow = self.radix.prefix_length(tokens) * self.radix_token_weight
+        else:
+            shadow = self.blocks.estimate_cache_hit(blocks)
+        return split_by_shadow(gpu, cpu, shadow)
 
     def cpu_after(self, blocks: Sequence[int], gpu_hit: int, tokens: bytes | None = None) -> int:
         """Tokens past a GPU hit of ``gpu_hit`` that the CPU tier holds: as its KV events
@@ -213,7 +221,9 @@ class WorkerState:
             blocks_hit = worker_visible(blocks_hit, request.input_length, size)
             if radix_hit is not None:
                 radix_hit = worker_visible(radix_hit, request.input_length, size)
-        hit = radix_hit if self.shadow == "radix" and radix_hit is not None else blocks_hit
+        hit = shadow_hit = (
+            radix_hit if self.shadow == "radix" and radix_hit is not None else blocks_hit
+        )
         kv_hit = None
         kv_keys: list[int] = []
         index = self.kv_index
@@ -230,6 +240,8 @@ class WorkerState:
             cpu_hit = min(cpu_hit, request.input_length - hit)
         elif self.cpu is not None:
             cpu_hit = self.cpu_after(request.blocks, hit, request.tokens)
+            if kv_hit is not None:
+                hit, cpu_hit = split_by_shadow(hit, cpu_hit, shadow_hit)
             if cpu_hit:
                 total = min(hit + cpu_hit, request.input_length)
                 if size and exact_tokens:
@@ -266,10 +278,24 @@ class WorkerState:
             radix_pending=radix_pending,
             adapter=adapter,
             cpu_estimate=cpu_hit,
+            gpu_estimate=min(hit, request.input_length),
         )
         if new_prefill:
             self.prefill_queue.append(booking)
         return booking
+
+
+def split_by_shadow(gpu: int, cpu: int, shadow_gpu: int) -> tuple[int, int]:
+    """The KV-event index's (GPU, CPU-tier) hit, split as the GPU shadow expects it.
+
+    The index is exact about what the worker holds in either tier, but learns of a GPU
+    eviction only when its event arrives, while the worker may be evicting right now (a turn
+    that just ended, pushed out by the requests admitted in the same engine step); the shadow
+    evicts as it books. What the shadow no longer holds on the GPU is in the CPU tier (it is
+    written through), so the total stays the index's."""
+    if shadow_gpu < gpu:
+        return shadow_gpu, cpu + gpu - shadow_gpu
+    return gpu, cpu
 
 
 def worker_visible(hit: int, input_length: int, block_size: int) -> int:
@@ -302,6 +328,7 @@ class Booking:
     radix_pending: bytes | None = None  # tokens whose radix insert book(radix_later) left
     adapter: str | None = None  # the LoRA adapter it runs (released from the worker's slots)
     cpu_estimate: int = 0  # tokens the CPU tier's shadow expected the worker to load
+    gpu_estimate: int = 0  # the GPU hit that priced it (the active estimate, split by tier)
 
     def insert_radix(self) -> None:
         """The radix insert :meth:`WorkerState.book` left for later (once; no-op otherwise):
@@ -377,13 +404,14 @@ class Booking:
             acc.kv_requests += 1
             acc.kv_prompt_tokens += self.input_length
             acc.kv_reported_tokens += cached_tokens
-            acc.kv_estimate_tokens += self.kv_estimate + cpu
-            acc.kv_abs_error_tokens += abs(self.kv_estimate + cpu - cached_tokens)
+            total = self.gpu_estimate + cpu  # the index's, split (split_by_shadow)
+            acc.kv_estimate_tokens += total
+            acc.kv_abs_error_tokens += abs(total - cached_tokens)
         if self.radix_estimate is not None:
             acc.radix_estimate_tokens += self.radix_estimate + cpu
             acc.radix_abs_error_tokens += abs(self.radix_estimate + cpu - cached_tokens)
         if cpu_cached_tokens is not None and 0 <= cpu_cached_tokens <= cached_tokens:
-            gpu_estimate = self._active_estimate()
+            gpu_estimate = self.gpu_estimate
             acc.tier_requests += 1
             acc.tier_prompt_tokens += self.input_length
             acc.cpu_reported_tokens += cpu_cached_tokens
@@ -402,11 +430,3 @@ class Booking:
             # a load from the CPU tier is not prefill)
             work = max(0, self.input_length - cached_tokens)
             self.worker.rate.observe(work, self.first_token_at - self.booked_at)
-
-    def _active_estimate(self) -> int:
-        """The GPU estimate that priced this booking: the KV index's, else the shadow's."""
-        if self.kv_estimate is not None:
-            return self.kv_estimate
-        if self.worker.shadow == "radix" and self.radix_estimate is not None:
-            return self.radix_estimate
-        return self.blocks_estimate

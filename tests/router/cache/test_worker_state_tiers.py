@@ -258,3 +258,13 @@ def test_feedback_without_cpu_estimate_is_unchanged(reported):
     change = correct_shadow(booking, reported, configured_blocks=64, configured_tokens=None)
     expected = {0: 5 - 2 - 10, 8: 0, 16: 2}[reported]
     assert change.blocks_delta == expected
+
+
+def test_split_by_shadow_moves_what_the_gpu_shadow_lost_to_the_cpu_tier() -> None:
+    """The KV-event index's GPU hit can be stale (an eviction whose event has not arrived);
+    the shadow's lower GPU hit wins the split, the total stays the index's."""
+    from router.cache.worker_state import split_by_shadow
+
+    assert split_by_shadow(10 * 512, 2 * 512, 4 * 512) == (4 * 512, 8 * 512)
+    assert split_by_shadow(4 * 512, 2 * 512, 10 * 512) == (4 * 512, 2 * 512)  # never more GPU
+    assert split_by_shadow(0, 0, 0) == (0, 0)
