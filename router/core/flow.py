@@ -159,9 +159,14 @@ class FlowControl:
         try:
             await future
         except asyncio.CancelledError:
-            if self.queue.remove(item):
-                self._count(self.rejected, (str(c.band), self._label(c.flow), DISCONNECT))
+            self._gone(item)
             raise
+
+    def _gone(self, item: Waiting) -> None:
+        """``item``'s client left while it was queued: out of the queue, counted once
+        (whichever of its task and the dispatcher sees it first)."""
+        if self.queue.remove(item):
+            self._count(self.rejected, (str(item.band), self._label(item.flow), DISCONNECT))
 
     def wake(self) -> None:
         """A booking was released: look at the queue's head now."""
@@ -190,8 +195,8 @@ class FlowControl:
                 if head is None:
                     break
                 future, features = head.payload
-                if future.done():  # cancelled, its removal not run yet
-                    queue.remove(head)
+                if future.done():  # cancelled: its client left (its task not resumed yet)
+                    self._gone(head)
                     continue
                 if not self.is_saturated(features, now):
                     queue.pop()

@@ -2,7 +2,7 @@
 TTL, a client gone while queued, the metrics and ``/workers/flow``; off: nothing changes.
 
 The fleet is one fake worker and the router's model of it: 1000 prompt tokens a request at a
-configured 1000 tokens/s (one second of predicted prefill each) against a 1.5 s target, so a
+configured 500 tokens/s (two seconds of predicted prefill each) against a 2.5 s target, so a
 second request is predicted past the target while one is booked, and waits."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 FLOW = {
     "flow_control": True,
-    "prefill_tokens_per_s": 1000.0,
-    "flow_target_ttft_s": 1.5,
+    "prefill_tokens_per_s": 500.0,
+    "flow_target_ttft_s": 2.5,
     "correct_shadow": False,
 }
 
