@@ -1,0 +1,206 @@
+"""Flow control live (issue 44): overload without collapse, two tenants and two priorities.
+
+    python bench/flow/flow_control.py [--requests 600] [--time-scale 10] [--out FILE]
+
+4 sim workers (``--time-scale`` times faster than real time; every time below is in the
+workers' modelled seconds: real seconds times the time scale) and the bundled conversation
+sample's first ``--requests`` requests, each session given a tenant (``--tenants 4:1``: the
+first tenant sends 4x the second's sessions) and, for ``--interactive-share`` of them,
+priority 1 (the rest 0), sent as ``x-llm-d-inference-fairness-id`` and ``x-priority``:
+
+1. capacity: the highest load (a multiple of the trace's rate) in ``--loads`` whose TTFT p90
+   is within ``--slo`` seconds with flow control off and no error; its goodput (requests
+   answered 200 with TTFT within the SLO, per modelled second of the run);
+2. at ``--overload`` times that load: flow control off, flow control on
+   (``--flow-target-ttft-s``), and the light tenant's requests alone (flow control on, the
+   same send times).
+
+Reported per run: statuses (and whether every 429/503 said Retry-After), TTFT p90 of the
+interactive requests, of each tenant and overall (served requests), goodput, and the
+router's in-flight gauge after the run. The bar: interactive p90 <= the SLO; the light
+tenant's p90 <= 1.5x its p90 alone; goodput >= 0.9x the goodput at capacity; every request
+answered 200, or 429/503 with Retry-After; in flight back to 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from traces.assign import assign_tenants, parse_tenant_weights, tenant_name  # noqa: E402
+from traces.fleet import reset_caches, router, sim_workers, time_scaled_router_args  # noqa: E402
+from traces.formats import load_trace  # noqa: E402
+from traces.record import TraceRequest  # noqa: E402
+from traces.replay import ReplayConfig, ReplayOutcome, replay  # noqa: E402
+
+SAMPLE = ROOT / "traces" / "data" / "conversation_sample.jsonl"
+
+
+def p90(values: np.ndarray) -> float:
+    values = values[~np.isnan(values)]
+    return float(np.percentile(values, 90)) if len(values) else float("nan")
+
+
+def in_flight(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "cache_router_in_flight":
+            return family.samples[0].value
+    return float("nan")
+
+
+def summarize(
+    trace: Sequence[TraceRequest], outcome: ReplayOutcome, scale: float, slo: float
+) -> dict:
+    """The figures of one run, times in modelled seconds."""
+    status = outcome.status
+    ttft = outcome.ttft * scale
+    served = status == 200
+    ttft = np.where(served, ttft, np.nan)
+    good = served & (ttft <= slo)
+    span = outcome.run.wall_seconds * scale
+    refused = (status == 429) | (status == 503)
+    priority = np.array([r.priority for r in trace])
+    tenant = np.array([r.tenant or "" for r in trace])
+    out = {
+        "requests": len(trace),
+        "statuses": {str(s): int((status == s).sum()) for s in sorted(set(status.tolist()))},
+        "refused_without_retry_after": int((refused & ~outcome.retry_after).sum()),
+        "unanswered": int((~served & ~refused).sum()),
+        "ttft_p90": p90(ttft),
+        "goodput_rps": float(good.sum()) / span if span else 0.0,
+        "wall_s": outcome.run.wall_seconds,
+    }
+    for p in sorted(set(priority.tolist())):
+        mask = priority == p
+        out[f"priority_{p}"] = {
+            "requests": int(mask.sum()),
+            "served": int((mask & served).sum()),
+            "ttft_p90": p90(ttft[mask]),
+            "goodput_rps": float((good & mask).sum()) / span if span else 0.0,
+        }
+    for t in sorted(set(tenant.tolist())):
+        mask = tenant == t
+        out[t or "none"] = {
+            "requests": int(mask.sum()),
+            "served": int((mask & served).sum()),
+            "ttft_p90": p90(ttft[mask]),
+            "goodput_rps": float((good & mask).sum()) / span if span else 0.0,
+        }
+    return out
+
+
+def one_run(
+    trace: Sequence[TraceRequest],
+    workers: list[str],
+    load: float,
+    args: argparse.Namespace,
+    flow: bool,
+) -> dict:
+    scale = args.time_scale
+    router_args = ["--log-level", "warning", *time_scaled_router_args("ttft", scale)]
+    if flow:
+        router_args += [
+            "--flow-control",
+            "--flow-target-ttft-s", repr(args.flow_target_ttft_s / scale),
+            "--flow-queue-ttl-s", repr(args.flow_ttl_s / scale),
+        ]  # fmt: skip
+    if not reset_caches(workers):
+        raise RuntimeError("a worker refused POST /reset_prefix_cache")
+    with router(workers, "ttft", router_args) as r:
+        cfg = ReplayConfig(url=r.url, speedup=load * scale, max_output_tokens=args.max_output)
+        outcome = asyncio.run(replay(trace, cfg, "flow" if flow else "plain"))
+        time.sleep(0.2)
+        result = summarize(trace, outcome, scale, args.slo)
+        result["in_flight_after"] = in_flight(r.url)
+    result["load"] = load
+    result["flow_control"] = flow
+    print(json.dumps({k: result[k] for k in ("load", "flow_control", "statuses", "ttft_p90",
+                                             "goodput_rps")}), file=sys.stderr)  # fmt: skip
+    return result
+
+
+def run(args: argparse.Namespace) -> dict:
+    trace = load_trace(str(args.trace))[: args.requests]
+    trace = assign_tenants(trace, parse_tenant_weights(args.tenants), args.interactive_share)
+    worker_args = ["--time-scale", str(args.time_scale), "--log-level", "warning"]
+    out: dict = {"args": vars(args) | {"trace": str(args.trace)}, "capacity_runs": []}
+    with sim_workers(args.workers, worker_args) as started:
+        workers = [w.url for w in started]
+        capacity = None
+        for load in args.loads:
+            result = one_run(trace, workers, load, args, flow=False)
+            out["capacity_runs"].append(result)
+            ok = result["ttft_p90"] <= args.slo and result["statuses"] == {"200": len(trace)}
+            if not ok:
+                break
+            capacity = result
+        if capacity is None:
+            raise RuntimeError("no load in --loads meets the SLO: try lower ones")
+        out["capacity"] = capacity
+        overload = capacity["load"] * args.overload
+        out["off"] = one_run(trace, workers, overload, args, flow=False)
+        out["on"] = one_run(trace, workers, overload, args, flow=True)
+        light = tenant_name(len(parse_tenant_weights(args.tenants)) - 1)
+        alone = [r for r in trace if r.tenant == light]
+        out["light_alone"] = one_run(alone, workers, overload, args, flow=True)
+    out["bar"] = bar(out, light, args.slo)
+    return out
+
+
+def bar(out: dict, light: str, slo: float) -> dict:
+    on = out["on"]
+    interactive = on.get("priority_1", {}).get("ttft_p90", float("nan"))
+    light_p90 = on[light]["ttft_p90"]
+    alone = out["light_alone"][light]["ttft_p90"]
+    goodput_ratio = on["goodput_rps"] / out["capacity"]["goodput_rps"]
+    return {
+        "interactive_p90": interactive,
+        "interactive_ok": interactive <= slo,
+        "light_p90": light_p90,
+        "light_alone_p90": alone,
+        "light_ratio": light_p90 / alone if alone else float("nan"),
+        "light_ok": light_p90 <= 1.5 * alone,
+        "goodput_ratio": goodput_ratio,
+        "goodput_ok": goodput_ratio >= 0.9,
+        "answered_ok": on["unanswered"] == 0 and on["refused_without_retry_after"] == 0,
+        "in_flight_ok": on["in_flight_after"] == 0,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trace", default=str(SAMPLE))
+    p.add_argument("--requests", type=int, default=600)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--time-scale", type=float, default=10.0)
+    p.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.75, 1.0, 1.25, 1.5, 2.0])
+    p.add_argument("--overload", type=float, default=2.0)
+    p.add_argument("--slo", type=float, default=2.0, help="TTFT p90 SLO, modelled seconds")
+    p.add_argument("--flow-target-ttft-s", type=float, default=1.5)
+    p.add_argument("--flow-ttl-s", type=float, default=30.0)
+    p.add_argument("--tenants", default="4:1")
+    p.add_argument("--interactive-share", type=float, default=0.2)
+    p.add_argument("--max-output", type=int, default=64)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "flow_control.json"))
+    args = p.parse_args()
+    out = run(args)
+    Path(args.out).write_text(json.dumps(out, indent=1, default=float) + "\n")
+    print(json.dumps(out["bar"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
