@@ -158,3 +158,22 @@ def test_off_by_default_no_queue_and_no_flow_metrics(fake_workers, router_server
     assert httpx.post(router.url + "/v1/completions", json=body("a"), timeout=5).status_code == 200
     assert "cache_router_flow_" not in httpx.get(router.url + "/metrics", timeout=5).text
     assert httpx.get(router.url + "/workers/flow", timeout=5).json() == {"enabled": False}
+
+
+def test_flags_of_serve_and_epp():
+    from router.cli import build_parser
+    from router.service.command import settings_from_args
+
+    for command in ("serve", "epp"):
+        args = build_parser().parse_args(
+            [
+                command, "--worker", "http://a:1", "--flow-control",
+                "--flow-target-ttft-s", "1.5", "--flow-objective", "interactive=1",
+                "--flow-objective", "batch=-1", "--flow-weight", "gold=2",
+                "--flow-fairness-header", "x-tenant",
+            ]
+        )  # fmt: skip
+        s = settings_from_args(args)
+        assert s.flow_control and s.flow_target_ttft_s == 1.5
+        assert s.flow_objectives == {"interactive": 1, "batch": -1}
+        assert s.flow_weights == {"gold": 2.0} and s.flow_fairness_header == "x-tenant"
