@@ -197,7 +197,7 @@ def main() -> int:
     )  # fmt: skip
     p.add_argument("--overload", type=float, default=2.0)
     p.add_argument("--slo", type=float, default=4.0, help="TTFT p90 SLO, modelled seconds")
-    p.add_argument("--flow-target-ttft-s", type=float, default=3.0)
+    p.add_argument("--flow-target-ttft-s", type=float, default=2.5)
     p.add_argument("--flow-ttl-s", type=float, default=1.0)
     p.add_argument("--tenants", default="4:1")
     p.add_argument("--interactive-share", type=float, default=0.2)
