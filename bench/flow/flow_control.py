@@ -11,6 +11,8 @@ priority 1 (the rest 0), sent as ``x-llm-d-inference-fairness-id`` and ``x-prior
 1. capacity: the highest load (a multiple of the trace's rate) in ``--loads`` whose TTFT p90
    is within ``--slo`` seconds with flow control off and no error; its goodput (requests
    answered 200 with TTFT within the SLO, per modelled second of the run);
+   (``--via-epp``: every run through Envoy as a GIE-style gateway asking ``cache-router epp``,
+   bench/epp's setup, instead of ``serve``);
 2. at ``--overload`` times that load: flow control off, flow control on
    (``--flow-target-ttft-s``), and the light tenant's requests alone (flow control on, the
    same send times).
@@ -30,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -42,9 +46,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "epp"))
 
 from traces.assign import assign_tenants, parse_tenant_weights, tenant_name  # noqa: E402
-from traces.fleet import reset_caches, router, sim_workers, time_scaled_router_args  # noqa: E402
+from traces.fleet import (  # noqa: E402
+    free_port,
+    reset_caches,
+    router,
+    sim_workers,
+    time_scaled_router_args,
+)
 from traces.formats import load_trace  # noqa: E402
 from traces.record import TraceRequest  # noqa: E402
 from traces.replay import ReplayConfig, ReplayOutcome, replay  # noqa: E402
@@ -106,6 +117,38 @@ def summarize(
     return out
 
 
+@contextlib.contextmanager
+def front_end(
+    workers: list[str], router_args: list[str], via_epp: bool
+) -> Iterator[tuple[str, str]]:
+    """``serve``, or (``via_epp``) Envoy as a GIE-style gateway asking ``cache-router epp``
+    (bench/epp's setup); yields the URL to replay to and the router's metrics URL."""
+    if not via_epp:
+        with router(workers, "ttft", router_args) as r:
+            yield r.url, r.url
+        return
+    from epp_bench import Procs, start_envoy, wait_http
+
+    from router.epp.envoy_config import gateway_config
+
+    procs = Procs()
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            grpc_port, http_port = free_port(), free_port()
+            procs.start(
+                [sys.executable, "-m", "router.cli", "epp", "--worker", *workers,
+                 "--port", str(grpc_port), "--http-port", str(http_port), "--plaintext",
+                 *router_args],
+                Path(folder) / "epp.log",
+            )  # fmt: skip
+            wait_http(f"http://127.0.0.1:{http_port}/health")
+            port, admin = free_port(), free_port()
+            start_envoy(procs, Path(folder), gateway_config(port, admin, grpc_port), "envoy")
+            yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{http_port}"
+        finally:
+            procs.stop()
+
+
 def one_run(
     trace: Sequence[TraceRequest],
     workers: list[str],
@@ -123,12 +166,15 @@ def one_run(
         ]  # fmt: skip
     if not reset_caches(workers):
         raise RuntimeError("a worker refused POST /reset_prefix_cache")
-    with router(workers, "ttft", router_args) as r:
-        cfg = ReplayConfig(url=r.url, speedup=load * scale, max_output_tokens=args.max_output)
+    with front_end(workers, router_args, args.via_epp) as (url, metrics_url):
+        cfg = ReplayConfig(
+            url=url, speedup=load * scale, max_output_tokens=args.max_output,
+            worker_urls=tuple(workers),
+        )  # fmt: skip
         outcome = asyncio.run(replay(trace, cfg, "flow" if flow else "plain"))
         time.sleep(0.2)
         result = summarize(trace, outcome, scale, args.slo)
-        result["in_flight_after"] = in_flight(r.url)
+        result["in_flight_after"] = in_flight(metrics_url)
     result["load"] = load
     result["flow_control"] = flow
     print(json.dumps({k: result[k] for k in ("load", "flow_control", "statuses", "ttft_p90",
@@ -202,6 +248,10 @@ def main() -> int:
     p.add_argument("--tenants", default="4:1")
     p.add_argument("--interactive-share", type=float, default=0.2)
     p.add_argument("--max-output", type=int, default=64)
+    p.add_argument(
+        "--via-epp", action="store_true",
+        help="every run through Envoy + cache-router epp instead of serve",
+    )  # fmt: skip
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "flow_control.json"))
     args = p.parse_args()
     out = run(args)
