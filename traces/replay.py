@@ -55,6 +55,10 @@ class ReplayConfig:
     # times (after 0.1 s, 0.2 s, ...), as the OpenAI SDK does on connection errors (its
     # default: 2). What a router replica killed mid-stream had already streamed is lost.
     retries: int = 0
+    # a request's priority as another router reads it: the header's name and, per priority,
+    # its value (e.g. SMG's x-smg-priority: interactive); None: x-priority, the integer
+    priority_header: str = "x-priority"
+    priority_names: tuple[tuple[int, str], ...] | None = None
 
 
 @dataclass
@@ -207,6 +211,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
     clients = _Clients()
     target = clients.pool(cfg.url)
     session_header = cfg.session_header.lower().encode()
+    priority_header = cfg.priority_header.lower().encode()
     try:
         model, workers = await _discover(clients, cfg)
         bodies = prebuilt_bodies(trace, cfg, model)
@@ -232,8 +237,12 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
             )
             if req.tenant is not None:  # flow control: the request's flow and priority
                 headers += b"x-llm-d-inference-fairness-id: %s\r\n" % req.tenant.encode()
-            if req.priority:
-                headers += b"x-priority: %d\r\n" % req.priority
+            if cfg.priority_names is not None:
+                named = dict(cfg.priority_names).get(req.priority)
+                if named is not None:
+                    headers += b"%s: %s\r\n" % (priority_header, named.encode())
+            elif req.priority:
+                headers += b"%s: %d\r\n" % (priority_header, req.priority)
             sent[i] = time.perf_counter() - start
             try:
                 for attempt in range(cfg.retries + 1):

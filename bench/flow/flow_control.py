@@ -169,7 +169,7 @@ def one_run(
     with front_end(workers, router_args, args.via_epp) as (url, metrics_url):
         cfg = ReplayConfig(
             url=url, speedup=load * scale, max_output_tokens=args.max_output,
-            worker_urls=tuple(workers),
+            prompt_mode=args.prompt_mode, worker_urls=tuple(workers),
         )  # fmt: skip
         outcome = asyncio.run(replay(trace, cfg, "flow" if flow else "plain"))
         time.sleep(0.2)
@@ -182,6 +182,54 @@ def one_run(
     return result
 
 
+SMG_PRIORITIES = ((1, "interactive"), (0, "default"))  # x-smg-priority by trace priority
+
+
+def smg_run(
+    trace: Sequence[TraceRequest], workers: list[str], load: float, args: argparse.Namespace
+) -> dict:
+    """SMG 1.13 (``--smg BINARY``) on the same workers and load: its priority scheduler
+    (x-smg-priority: interactive / default), tenants from the fairness header, a concurrency
+    bound with a queue (``--smg-max-concurrent``, ``--smg-queue-timeout-s`` real seconds:
+    its granularity), its cache_aware policy."""
+    from epp_bench import Procs, wait_http
+
+    if not reset_caches(workers):
+        raise RuntimeError("a worker refused POST /reset_prefix_cache")
+    procs = Procs()
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            port = free_port()
+            procs.start(
+                [args.smg, "launch", "--host", "127.0.0.1", "--port", str(port),
+                 "--worker-urls", *workers, "--policy", "cache_aware",
+                 "--priority-scheduler-enabled",
+                 "--priority-scheduler-default-max-class", "interactive",
+                 "--trust-tenant-header",
+                 "--tenant-header-name", "x-llm-d-inference-fairness-id",
+                 "--max-concurrent-requests", str(args.smg_max_concurrent),
+                 "--queue-size", "1024",
+                 "--queue-timeout-secs", str(args.smg_queue_timeout_s)],
+                Path(folder) / "smg.log",
+            )  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
+            wait_http(url + "/health", 60)
+            cfg = ReplayConfig(
+                url=url, speedup=load * args.time_scale, max_output_tokens=args.max_output,
+                prompt_mode=args.prompt_mode, worker_urls=tuple(workers), model="sim-model",
+                priority_header="x-smg-priority", priority_names=SMG_PRIORITIES,
+            )  # fmt: skip
+            outcome = asyncio.run(replay(trace, cfg, "smg"))
+            result = summarize(trace, outcome, args.time_scale, args.slo)
+        finally:
+            procs.stop()
+    result["load"] = load
+    result["router"] = "smg"
+    print(json.dumps({k: result[k] for k in ("load", "statuses", "ttft_p90", "goodput_rps")}),
+          file=sys.stderr)  # fmt: skip
+    return result
+
+
 def run(args: argparse.Namespace) -> dict:
     trace = load_trace(str(args.trace))[: args.requests]
     trace = assign_tenants(trace, parse_tenant_weights(args.tenants), args.interactive_share)
@@ -189,6 +237,9 @@ def run(args: argparse.Namespace) -> dict:
     out: dict = {"args": vars(args) | {"trace": str(args.trace)}, "capacity_runs": []}
     with sim_workers(args.workers, worker_args) as started:
         workers = [w.url for w in started]
+        if args.smg:  # only SMG, at --overload times the first of --loads
+            out["smg"] = smg_run(trace, workers, args.loads[0] * args.overload, args)
+            return out
         capacity = None
         for load in args.loads:
             result = one_run(trace, workers, load, args, flow=False)
@@ -249,6 +300,17 @@ def main() -> int:
     p.add_argument("--interactive-share", type=float, default=0.2)
     p.add_argument("--max-output", type=int, default=64)
     p.add_argument(
+        "--prompt-mode", choices=("tokens", "text"), default="tokens",
+        help="prompts as token ids or text (SMG takes text only)",
+    )  # fmt: skip
+    p.add_argument(
+        "--smg", metavar="BINARY", default=None,
+        help="only SMG (its smg binary, e.g. /tmp/peers-venv/bin/smg) at --overload times "
+        "the first of --loads, side by side with this router's run",
+    )  # fmt: skip
+    p.add_argument("--smg-max-concurrent", type=int, default=16)
+    p.add_argument("--smg-queue-timeout-s", type=int, default=1)
+    p.add_argument(
         "--via-epp", action="store_true",
         help="every run through Envoy + cache-router epp instead of serve",
     )  # fmt: skip
@@ -256,7 +318,7 @@ def main() -> int:
     args = p.parse_args()
     out = run(args)
     Path(args.out).write_text(json.dumps(out, indent=1, default=float) + "\n")
-    print(json.dumps(out["bar"], indent=1))
+    print(json.dumps(out.get("bar", out.get("smg")), indent=1))
     return 0
 
 
