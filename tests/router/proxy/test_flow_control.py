@@ -56,7 +56,7 @@ def settled(router) -> bool:
 
 
 async def test_higher_priority_goes_first_and_everything_is_answered(fake_workers, router_server):
-    (worker,) = fake_workers(1, delay=0.3)
+    (worker,) = fake_workers(1, delay=0.6)  # (long enough for a loaded machine's sends)
     router = router_server(workers=[worker.url], **FLOW)
     async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         blocker = asyncio.create_task(post(client, "blocker"))
@@ -81,7 +81,7 @@ async def test_higher_priority_goes_first_and_everything_is_answered(fake_worker
 async def test_shedding_and_the_queue_limit_answer_429_with_retry_after(
     fake_workers, router_server
 ):
-    (worker,) = fake_workers(1, delay=0.4)
+    (worker,) = fake_workers(1, delay=1.0)
     router = router_server(workers=[worker.url], flow_queue_max=1, **FLOW)
     async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         blocker = asyncio.create_task(post(client, "blocker"))
@@ -125,7 +125,7 @@ async def test_a_request_past_its_ttl_is_refused(fake_workers, router_server):
 
 
 async def test_a_client_gone_while_queued_leaves_nothing_behind(fake_workers, router_server):
-    (worker,) = fake_workers(1, delay=0.6)
+    (worker,) = fake_workers(1, delay=1.0)
     router = router_server(workers=[worker.url], **FLOW)
     async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         blocker = asyncio.create_task(post(client, "blocker"))
