@@ -323,6 +323,50 @@ class Settings(BaseSettings):
         description="once a worker is taken out, the least time before a successful probe "
         "brings it back",
     )
+    # Flow control (router/core/flow.py): priorities, fairness and SLO-aware admission
+    # between admission and placement, in serve and epp; off by default.
+    flow_control: bool = Field(
+        False,
+        description="hold requests in a priority / fair-share queue while the fleet is "
+        "saturated (the best worker's predicted TTFT past --flow-target-ttft-s) instead of "
+        "placing them at once; sheddable (negative priority) requests get 429 then",
+    )
+    flow_target_ttft_s: float = Field(
+        2.0,
+        gt=0,
+        description="flow control: the predicted time to first token past which the fleet "
+        "is saturated for a request",
+    )
+    flow_queue_max: int = Field(
+        1000, ge=0, description="flow control: queued requests per priority band (429 past it)"
+    )
+    flow_queue_max_bytes: int = Field(
+        256 << 20,
+        ge=0,
+        description="flow control: queued request bytes per priority band (429 past it)",
+    )
+    flow_queue_ttl_s: float = Field(
+        30.0, gt=0, description="flow control: longest wait in the queue (then 429)"
+    )
+    flow_objectives: dict[str, int] = Field(
+        default_factory=dict,
+        description="flow control: priority of each x-llm-d-inference-objective name",
+    )
+    flow_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="flow control: fair-share weight of a flow (default 1)",
+    )
+    flow_fairness_header: str = Field(
+        "x-llm-d-inference-fairness-id",
+        description="flow control: the header naming a request's flow (tenant); without "
+        "it, the API key's tenant, else the flow 'default'",
+    )
+    flow_kv_limit: float = Field(
+        0.0,
+        ge=0,
+        description="flow control: also saturated when every worker's booked KV plus the "
+        "prompt passes this fraction of its capacity (0: off)",
+    )
     metrics_require_key: bool = Field(
         False,
         description="require a client or admin key for GET /metrics, /workers and "

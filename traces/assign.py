@@ -1,6 +1,7 @@
 """Give a trace's sessions models: each session one model (a base model or a LoRA adapter),
 chosen by a stable hash of its id, so every turn of a conversation names the same model and
-the same trace always splits the same way (``cache-router trace models``)."""
+the same trace always splits the same way (``cache-router trace models``); and, for flow
+control, tenants and priorities the same way (:func:`assign_tenants`)."""
 
 from __future__ import annotations
 
@@ -49,4 +50,46 @@ def assign_models(
         share = session_share(req.session_id)
         model = next((name for bound, name in bounds if share < bound), bounds[-1][1])
         out.append(dataclasses.replace(req, model=model))
+    return out
+
+
+def parse_tenant_weights(spec: str) -> list[float]:
+    """``4:1``: two tenants, the first sending 4 times the second's sessions."""
+    try:
+        weights = [float(part) for part in spec.split(":")]
+    except ValueError:
+        raise ValueError(f"{spec!r}: tenants are weights separated by ':' (e.g. 4:1)") from None
+    if not weights or min(weights) <= 0:
+        raise ValueError(f"{spec!r}: each tenant needs a positive weight")
+    return weights
+
+
+def tenant_name(k: int) -> str:
+    return f"tenant-{k}"
+
+
+def assign_tenants(
+    trace: Sequence[TraceRequest],
+    weights: Sequence[float],
+    interactive_share: float = 0.0,
+    interactive_priority: int = 1,
+) -> list[TraceRequest]:
+    """Copies of ``trace``'s requests, each session given a tenant (``tenant-0`` .. in
+    slices of :func:`session_share` in proportion to ``weights``) and, for an
+    ``interactive_share`` of the sessions (an independent stable hash), the priority
+    ``interactive_priority`` (the others 0): every turn of a conversation alike."""
+    if not 0.0 <= interactive_share <= 1.0:
+        raise ValueError("interactive_share must be within [0, 1]")
+    total = sum(weights)
+    bounds, acc = [], 0.0
+    for k, w in enumerate(weights):
+        acc += w / total
+        bounds.append((acc, tenant_name(k)))
+    out = []
+    for req in trace:
+        share = session_share(req.session_id)
+        tenant = next((name for bound, name in bounds if share < bound), bounds[-1][1])
+        interactive = session_share(req.session_id + "/priority") < interactive_share
+        priority = interactive_priority if interactive else 0
+        out.append(dataclasses.replace(req, tenant=tenant, priority=priority))
     return out

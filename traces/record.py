@@ -42,6 +42,11 @@ class TraceRequest:
     # the model the request names (a base model or a LoRA adapter), where the trace says;
     # None: the replay's / simulation's default model
     model: str | None = None
+    # flow control (issue 44): the request's priority (``x-priority``: higher first,
+    # negative = sheddable) and tenant (its flow, ``x-llm-d-inference-fairness-id``); None:
+    # the replay sends no such header
+    priority: int = 0
+    tenant: str | None = None
 
 
 def finalize(requests: Iterable[TraceRequest]) -> list[TraceRequest]:

@@ -55,6 +55,10 @@ class ReplayConfig:
     # times (after 0.1 s, 0.2 s, ...), as the OpenAI SDK does on connection errors (its
     # default: 2). What a router replica killed mid-stream had already streamed is lost.
     retries: int = 0
+    # a request's priority as another router reads it: the header's name and, per priority,
+    # its value (e.g. SMG's x-smg-priority: interactive); None: x-priority, the integer
+    priority_header: str = "x-priority"
+    priority_names: tuple[tuple[int, str], ...] | None = None
 
 
 @dataclass
@@ -69,6 +73,11 @@ class ReplayOutcome:
     retried: int = 0  # sends repeated after a connection failure before the first token
     lost_streaming: int = 0  # errors after the first token (a retry would repeat output)
     served_by: list[str] = field(default_factory=list)  # run.worker's index -> worker URL
+    # per request of the trace, in its order: the HTTP status (0: none), whether a refusal
+    # said Retry-After, the TTFT (nan: no first token)
+    status: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    retry_after: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    ttft: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def send_lag_p99(self) -> float:
@@ -193,6 +202,8 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
     out_tokens = np.zeros(n, dtype=np.int64)
     cached = np.zeros(n, dtype=np.int64)
     worker_of: list[str] = [""] * n
+    status = np.zeros(n, dtype=np.int64)  # the router's answer (0: none came)
+    retry_after = np.zeros(n, dtype=bool)  # a refusal that said Retry-After
     errors: list[str] = []
     retried = lost_streaming = 0
     gate = asyncio.Semaphore(cfg.max_inflight)
@@ -200,6 +211,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
     clients = _Clients()
     target = clients.pool(cfg.url)
     session_header = cfg.session_header.lower().encode()
+    priority_header = cfg.priority_header.lower().encode()
     try:
         model, workers = await _discover(clients, cfg)
         bodies = prebuilt_bodies(trace, cfg, model)
@@ -223,6 +235,14 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
                 session_header,
                 req.session_id.encode(),
             )
+            if req.tenant is not None:  # flow control: the request's flow and priority
+                headers += b"x-llm-d-inference-fairness-id: %s\r\n" % req.tenant.encode()
+            if cfg.priority_names is not None:
+                named = dict(cfg.priority_names).get(req.priority)
+                if named is not None:
+                    headers += b"%s: %s\r\n" % (priority_header, named.encode())
+            elif req.priority:
+                headers += b"%s: %d\r\n" % (priority_header, req.priority)
             sent[i] = time.perf_counter() - start
             try:
                 for attempt in range(cfg.retries + 1):
@@ -254,7 +274,9 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
                     sys.stderr.flush()
 
         async def _read_stream(conn, i: int, timeout: float) -> None:
+            status[i] = conn.status
             if conn.status != 200:
+                retry_after[i] = b"retry-after" in dict(conn.headers)
                 data, more = await conn.read(timeout)
                 raise ValueError(f"status {conn.status}: {data[:200]!r}")
             worker_of[i] = dict(conn.headers).get(WORKER_HEADER, b"").decode()
@@ -325,4 +347,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
         retried,
         lost_streaming,
         names,
+        status,
+        retry_after,
+        first - arrival,
     )

@@ -25,6 +25,7 @@ from policies.base import Picker
 from policies.registry import PICKER_NAMES, make_picker, picker_params
 from router.cache.worker_state import SHADOW_KINDS
 from traces import kv_transfer
+from traces.assign import assign_tenants, parse_tenant_weights
 from traces.bounds import Bounds, trace_bounds
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.formats import load_trace
@@ -123,7 +124,43 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", help="trace format (auto-detected by default)")
     p.add_argument("--out", default="out/simulate", help="directory for results and plots")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_flow_options(p)
     p.set_defaults(func=_main)
+
+
+def add_flow_options(p: argparse.ArgumentParser) -> None:
+    """Flow control and the tenants / priorities it orders (docs/flow-control.md)."""
+    d = SimConfig()
+    g = p.add_argument_group("flow control (issue 44)")
+    g.add_argument("--flow-control", action="store_true", help="model serve's --flow-control queue")
+    g.add_argument(
+        "--flow-target-ttft-s", type=float, default=d.flow_target_ttft_s,
+        help="the predicted TTFT past which requests wait",
+    )  # fmt: skip
+    g.add_argument("--flow-queue-ttl-s", type=float, default=d.flow_queue_ttl_s)
+    g.add_argument("--flow-queue-max", type=int, default=d.flow_queue_max)
+    g.add_argument(
+        "--tenants", default=None,
+        help="give sessions tenants in these proportions, e.g. 4:1 (then goodput per tenant)",
+    )  # fmt: skip
+    g.add_argument(
+        "--interactive-share", type=float, default=0.0,
+        help="the share of sessions given priority 1 (the rest 0)",
+    )  # fmt: skip
+    g.add_argument(
+        "--slo-ttft-s", type=float, default=d.slo_ttft_s,
+        help="the TTFT a request must meet to count in goodput",
+    )  # fmt: skip
+
+
+def with_tenants(trace: list[TraceRequest], args: argparse.Namespace) -> list[TraceRequest]:
+    """``trace`` with ``--tenants`` / ``--interactive-share`` assigned (as given otherwise)."""
+    tenants = getattr(args, "tenants", None)
+    share = getattr(args, "interactive_share", 0.0)
+    if tenants is None and not share:
+        return trace
+    weights = parse_tenant_weights(tenants) if tenants is not None else [1.0]
+    return assign_tenants(trace, weights, share)
 
 
 CORRECTIONS: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
@@ -238,6 +275,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         decode_workers=decode,
         decode_policy=getattr(args, "decode_policy", defaults.decode_policy),
         router_tiers=getattr(args, "router_tiers", defaults.router_tiers),
+        flow_control=getattr(args, "flow_control", False),
+        flow_target_ttft_s=getattr(args, "flow_target_ttft_s", defaults.flow_target_ttft_s),
+        flow_queue_ttl_s=getattr(args, "flow_queue_ttl_s", defaults.flow_queue_ttl_s),
+        flow_queue_max=getattr(args, "flow_queue_max", defaults.flow_queue_max),
+        slo_ttft_s=getattr(args, "slo_ttft_s", defaults.slo_ttft_s),
         **kv_transfer.from_args(args, defaults),
     )
 
@@ -248,7 +290,7 @@ def run_and_report(
     """Simulate every policy of ``args``, print the table, write results (and plots)."""
     config = config_from_args(args)
     policies = parse_policies(args.policies, offline=True)
-    trace = select_requests(trace, args)
+    trace = with_tenants(select_requests(trace, args), args)
     fleet = (
         f"{config.prefill_workers} prefill + {config.decode_workers} decode workers "
         f"(decode policy {config.decode_policy})"

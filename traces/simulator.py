@@ -62,6 +62,15 @@ from router.cache.lora import AdapterSlots, under_adapter
 from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
 from router.cache.workload import PrefillRate
+from router.core.flow_queue import (
+    DEFAULT_FLOW,
+    FlowQueue,
+    Limits,
+    QueueFull,
+    Waiting,
+    predicted_ttft,
+    saturated,
+)
 from traces import kv_transfer
 from traces.pacing import Pacing, predecessors, release_time
 from traces.record import BLOCK_TOKENS, TraceRequest
@@ -155,6 +164,15 @@ class SimConfig:
     # the workers' CPU KV tier (``worker.cpu_kv_capacity_tokens``), as the router sees it:
     # "on" a shadow per tier, "off" ignored (GPU shadows only), "exact" read from the models
     router_tiers: RouterTiers = "on"
+    # flow control (router/core/flow_queue.py, the live router's queue and saturation test):
+    # requests wait in the router while the best worker's predicted TTFT is past the target
+    flow_control: bool = False
+    flow_target_ttft_s: float = 2.0
+    flow_queue_max: int = 1000
+    flow_queue_ttl_s: float = 30.0
+    # the TTFT a request must meet to count in goodput (reported when the trace has tenants
+    # or priorities, or with flow control)
+    slo_ttft_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.router_tiers not in ROUTER_TIERS:
@@ -217,22 +235,60 @@ class PolicyRun:
     # tier's estimate at booking (included in ``estimated``)
     cpu_cached: np.ndarray | None = None
     cpu_estimated: np.ndarray | None = None
+    # flow control and goodput (None: the trace has no tenants or priorities and no flow
+    # control ran): refused requests (no first token), each request's priority and tenant
+    rejected: np.ndarray | None = None
+    priority: np.ndarray | None = None
+    tenant: np.ndarray | None = None
+    slo_ttft_s: float = 2.0
 
     def latencies(self) -> dict[str, np.ndarray]:
         """Each request's TTFT and end-to-end time, and the TPOT of those that decode."""
         decode_tokens = np.maximum(self.output_length - 1, 0)
         has_decode = decode_tokens > 0
+        first, finish, arrival = self.first_token, self.finish, self.arrival
+        if self.rejected is not None and self.rejected.any():  # served requests only
+            served = ~self.rejected
+            first, finish, arrival = first[served], finish[served], arrival[served]
+            has_decode = has_decode[served]
+            decode_tokens = decode_tokens[served]
         return {
-            "ttft": self.first_token - self.arrival,
-            "e2e": self.finish - self.arrival,
-            "tpot": (self.finish - self.first_token)[has_decode] / decode_tokens[has_decode],
+            "ttft": first - arrival,
+            "e2e": finish - arrival,
+            "tpot": (finish - first)[has_decode] / decode_tokens[has_decode],
         }
+
+    def goodput(self) -> dict[str, float | int]:
+        """Requests meeting the TTFT SLO per second (of the run's span), overall, per
+        priority and per tenant, each group's TTFT p90 (served requests) and the refused
+        count; {} for a run without tenants, priorities or flow control."""
+        if self.rejected is None:
+            return {}
+        served = ~self.rejected
+        ttft = np.where(served, self.first_token - self.arrival, np.inf)
+        good = served & (ttft <= self.slo_ttft_s)
+        finish = self.finish[served]
+        span = float(finish.max() - self.arrival.min()) if served.any() else 0.0
+        out: dict[str, float | int] = {
+            "rejected": int(self.rejected.sum()),
+            "goodput_rps": float(good.sum()) / span if span > 0 else 0.0,
+        }
+        groups = []
+        if self.priority is not None:
+            groups += [(f"priority_{p}", self.priority == p) for p in np.unique(self.priority)]
+        if self.tenant is not None:
+            groups += [(str(t), self.tenant == t) for t in np.unique(self.tenant)]
+        for label, mask in groups:
+            out[f"goodput_rps_{label}"] = float((good & mask).sum()) / span if span else 0.0
+            out[f"ttft_p90_{label}"] = _pct(ttft[mask & served], 90)
+            out[f"rejected_{label}"] = int((self.rejected & mask).sum())
+        return out
 
     def summary(self) -> dict[str, float | int]:
         """The per-policy entry of results.json (times in seconds, rates as fractions)."""
         latencies = self.latencies()
         ttft, e2e, tpot = latencies["ttft"], latencies["e2e"], latencies["tpot"]
-        span = float(self.finish.max() - self.arrival.min()) if self.requests else 0.0
+        span = float(np.nanmax(self.finish) - self.arrival.min()) if self.requests else 0.0
         prompt = float(self.input_length.sum()) or 1.0
         per_worker = np.bincount(
             self.worker, minlength=self.prefill_workers or self.inflight.shape[1]
@@ -275,7 +331,7 @@ class PolicyRun:
                 "shadow_abs_error_cpu": float(np.abs(self.cpu_estimated - self.cpu_cached).sum())
                 / prompt,
             }
-        return summary
+        return summary | self.goodput()
 
     def _disaggregated_summary(self, prompt: float) -> dict[str, float | int]:
         """Prefill hit rate (the same as ``hit_rate``), decode balance, transfer times."""
@@ -470,6 +526,85 @@ def simulate(
         if model.next_event is not None:
             heapq.heappush(wakeups, (model.next_event, w, model.version))
 
+    def place(i: int, features: RequestFeatures, adapter: str | None, arrival: float) -> None:
+        """Pick, book and submit request ``i`` at ``arrival`` (its send, or its release from
+        the flow-control queue)."""
+        nonlocal sent
+        req = trace[i]
+        t0 = time.perf_counter_ns()
+        pick = picker.pick(features, views)
+        out["pick_us"][i] = (time.perf_counter_ns() - t0) / 1000
+        branches[pick.branch] = branches.get(pick.branch, 0) + 1
+        state = states[pick.worker]
+        # a prefill worker's request is the prompt and one output token
+        expected = 1 if disagg is not None else req.output_length
+        booking = state.book(features, expected_output_tokens=expected, now=arrival)
+        bookings[i] = booking
+        # the active GPU estimate (the KV index's when it answered), split by tier
+        out["estimated"][i] = booking.gpu_estimate + booking.cpu_estimate
+        cpu_estimated[i] = cpu = booking.cpu_estimate  # each shadow's, with the CPU tier's
+        est_blocks[i] = booking.blocks_estimate + cpu
+        if booking.radix_estimate is not None:
+            est_radix[i] = booking.radix_estimate + cpu
+        if booking.kv_estimate is not None:
+            est_kv[i] = booking.gpu_estimate + cpu
+        out["arrival"][i] = sent_at[i]  # TTFT counts from the client's send
+        chosen[i] = pick.worker
+        output = 1 if disagg is not None else max(1, req.output_length)
+        sim_req = SimRequest(req.blocks, req.input_length, output, tag=i, adapter=adapter)
+        if disagg is not None:
+            disagg.features[i] = features
+        models[pick.worker].submit(sim_req, arrival)
+        if views is not states:
+            views[pick.worker].queue(sim_req)
+        schedule(pick.worker)
+        sent += 1
+
+    flow = None
+    rejected = np.zeros(n, dtype=bool)
+    if config.flow_control:
+        flow = FlowQueue(Limits(config.flow_queue_max, 0, config.flow_queue_ttl_s))
+    default_rate = config.worker.prefill_tokens_per_s
+
+    def full(features: RequestFeatures, now: float) -> bool:
+        prediction = predicted_ttft(features, views, default_rate, now)
+        return saturated(prediction, config.flow_target_ttft_s)
+
+    def refuse(i: int, now: float) -> None:
+        rejected[i] = True
+        out["arrival"][i] = sent_at[i]
+        out["first_token"][i] = np.nan
+        out["finish"][i] = now
+        release_next(i, now)
+
+    def admit(i: int, features: RequestFeatures, adapter: str | None, now: float) -> None:
+        """The live router's flow control (router/core/flow.py) in virtual time."""
+        req = trace[i]
+        band, tenant = req.priority, req.tenant or DEFAULT_FLOW
+        saturated_now = full(features, now)
+        if not saturated_now and not flow.ahead_of(band):
+            place(i, features, adapter, now)
+            return
+        if saturated_now and band < 0:
+            refuse(i, now)
+            return
+        item = Waiting(band, tenant, req.input_length, 0, now, payload=(i, features, adapter))
+        try:
+            flow.push(item)
+        except QueueFull:
+            refuse(i, now)
+
+    def drain(now: float) -> None:
+        """Release the queue's heads while the fleet is not saturated for them."""
+        for item in flow.expired(now):
+            refuse(item.payload[0], now)
+        while (head := flow.head()) is not None:
+            i, features, adapter = head.payload
+            if full(features, now):
+                return
+            flow.pop()
+            place(i, features, adapter, now)
+
     # the recorded span (a session-paced run that falls behind goes on past its last sample)
     span = (trace[-1].arrival / config.speedup) if n else 0.0
     sample_times = np.linspace(0.0, span, config.samples) if n else np.zeros(0)
@@ -484,7 +619,26 @@ def simulate(
     if config.ingest_bytes_per_s > 0:
         ingest = Ingest(config.ingest_bytes_per_s, config.ingest_window_bytes)
     sent_at = np.zeros(n)
-    while arrivals or wakeups or transfers or (events is not None and events.deliveries) or ingest:
+    while (
+        arrivals
+        or wakeups
+        or transfers
+        or (events is not None and events.deliveries)
+        or ingest
+        or (flow is not None and len(flow))
+    ):
+        if flow is not None and not (arrivals or wakeups or transfers or ingest):
+            # only the queue is left, the fleet idle: its head goes (never saturated then)
+            if events is not None and events.deliveries:
+                events.deliver()
+                continue
+            now = max(float(np.nanmax(out["finish"])), 0.0) if sent else 0.0
+            before = len(flow)
+            drain(now)
+            if len(flow) == before:  # (a guard: the head goes all the same)
+                head = flow.pop()
+                place(*head.payload, now)
+            continue
         arrival = arrivals[0][0] if arrivals else float("inf")
         if ingest is not None:  # the next send, or the next body read whole
             arrival = min(arrival, ingest.next_done())
@@ -509,6 +663,8 @@ def simulate(
                 if events is not None:
                     events.publish(w, models[w].take_events(), when)
                 schedule(w)
+                if flow is not None and len(flow):
+                    drain(when)
             continue
         if events is not None:
             events.clock[0] = arrival
@@ -539,34 +695,12 @@ def simulate(
         adapter = req.model if req.model not in (None, config.base_model) else None
         if adapter is not None:
             features = under_adapter(features, adapter)
-        t0 = time.perf_counter_ns()
-        pick = picker.pick(features, views)
-        out["pick_us"][i] = (time.perf_counter_ns() - t0) / 1000
-        branches[pick.branch] = branches.get(pick.branch, 0) + 1
-        state = states[pick.worker]
-        # a prefill worker's request is the prompt and one output token
-        expected = 1 if disagg is not None else req.output_length
-        booking = state.book(features, expected_output_tokens=expected, now=arrival)
-        bookings[i] = booking
-        # the active GPU estimate (the KV index's when it answered), split by tier
-        out["estimated"][i] = booking.gpu_estimate + booking.cpu_estimate
-        cpu_estimated[i] = cpu = booking.cpu_estimate  # each shadow's, with the CPU tier's
-        est_blocks[i] = booking.blocks_estimate + cpu
-        if booking.radix_estimate is not None:
-            est_radix[i] = booking.radix_estimate + cpu
-        if booking.kv_estimate is not None:
-            est_kv[i] = booking.gpu_estimate + cpu
-        out["arrival"][i] = sent_at[i]  # TTFT counts from the client's send
-        chosen[i] = pick.worker
-        output = 1 if disagg is not None else max(1, req.output_length)
-        sim_req = SimRequest(req.blocks, req.input_length, output, tag=i, adapter=adapter)
-        if disagg is not None:
-            disagg.features[i] = features
-        models[pick.worker].submit(sim_req, arrival)
-        if views is not states:
-            views[pick.worker].queue(sim_req)
-        schedule(pick.worker)
-        sent += 1
+        if flow is None:
+            place(i, features, adapter, arrival)
+        else:
+            admit(i, features, adapter, arrival)
+            if len(flow):
+                drain(arrival)
         if progress and (sent % 500 == 0 or sent == n):
             sys.stderr.write(f"\r  {name:<20} {sent:>7}/{n} requests")
             sys.stderr.flush()
@@ -597,9 +731,14 @@ def simulate(
             if not np.isnan(v).all()
         },
         lora_swaps=sum(m.stats.lora_swaps for m in models),
+        slo_ttft_s=config.slo_ttft_s,
     )
     if config.worker.cpu_kv_capacity_tokens > 0:
         run.cpu_cached, run.cpu_estimated = cpu_cached, cpu_estimated
+    if flow is not None or any(r.priority or r.tenant is not None for r in trace):
+        run.rejected = rejected
+        run.priority = np.array([r.priority for r in trace], dtype=np.int64)
+        run.tenant = np.array([r.tenant or DEFAULT_FLOW for r in trace])
     if disagg is not None:
         run.prefill_workers, run.decode_workers = len(states), len(decode_states)
         run.decode_worker = disagg.decode_worker

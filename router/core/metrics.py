@@ -39,6 +39,10 @@ Metrics (labels):
   ``rejected_total`` (reason: ``inflight`` 429, ``connections`` / ``draining`` 503,
   ``header_too_large`` 431, ``read_timeout`` 408, ``malformed_http`` 400),
   ``suspect_requests_total`` (failed alike on several workers: counted against none);
+- with ``--flow-control`` (:mod:`router.core.flow`'s collector): ``flow_queued`` (band,
+  flow), ``flow_queued_bytes`` (band), ``flow_dispatched_total`` (band, flow),
+  ``flow_rejected_total`` (band, flow, reason), ``flow_wait_seconds`` (band),
+  ``flow_predicted_ttft_seconds``;
 - by model (:func:`model_metrics`): ``model_requests_total`` (model, status),
   ``model_prompt_tokens_total``, ``model_estimated_hit_tokens_total``,
   ``model_reported_requests_total``, ``model_reported_prompt_tokens_total``,

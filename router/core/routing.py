@@ -6,7 +6,9 @@ with this one class, so both read a request, pick, book, learn from the answer a
 the same way, on the same pool, pickers, shadows and counters:
 
 0. :meth:`RouterCore.admit`, :meth:`RouterCore.leave`: the requests in flight, router-wide
-   (``max_inflight``: 429 past it);
+   (``max_inflight``: 429 past it); with ``--flow-control``, :meth:`RouterCore.flow_wait`
+   between 1. and 2.: the request waits its turn while the fleet is saturated
+   (:mod:`router.core.flow`);
 1. :meth:`RouterCore.understand`: the body parsed (400s), its tokens and block hashes, the
    model (an adapter's own block chain), the stored response it acts on (its owner);
 2. :meth:`RouterCore.choose`: the picker's worker among those that serve the model and are
@@ -21,6 +23,7 @@ the same way, on the same pool, pickers, shadows and counters:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from policies.base import NoHealthyWorker, Pick, RequestFeatures
@@ -38,6 +41,7 @@ from router.core.errors import (
     TooManyRequests,
     echo,
 )
+from router.core.flow import FlowControl
 from router.core.metrics import RouterMetrics
 from router.core.parse import (
     GENERATION_PATHS,
@@ -92,6 +96,7 @@ class RouterCore:
         self.owners = owners if owners is not None else ResponseOwners(settings.response_owners_max)
         self.correct = settings.correct_shadow
         self.max_inflight = settings.max_inflight
+        self.flow = FlowControl(settings, pool, metrics.registry) if settings.flow_control else None
 
     # ---- 0. admission --------------------------------------------------------------------
 
@@ -180,6 +185,23 @@ class RouterCore:
         table[status] = table.get(status, 0) + 1
         by_endpoint = stats.endpoint(endpoint)
         by_endpoint[status] = by_endpoint.get(status, 0) + 1
+
+    async def flow_wait(
+        self,
+        r: Routed,
+        header: Callable[[str], str | None],
+        size: int,
+        api_key: str | None = None,
+    ) -> None:
+        """With flow control: return when ``r`` may be placed (its turn, the fleet not
+        saturated for it); a :class:`TooManyRequests` when it is refused. ``header``: the
+        request's header by lower-case name; ``size``: its body's bytes. Calls on a stored
+        response (no prompt, one worker) pass."""
+        flow = self.flow
+        if flow is None or r.endpoint == RESPONSE_CALL:
+            return
+        c = flow.classify(header, r.request.body, api_key)
+        await flow.enter(r.features, c, size)
 
     # ---- 2. and 3. the worker ------------------------------------------------------------
 
@@ -334,6 +356,8 @@ class RouterCore:
         """Release the booking and count the attempt's outcome, the first time only."""
         if not booking.finish():
             return
+        if self.flow is not None:
+            self.flow.wake()
         stats = worker.stats
         stats.count(stats.requests, status)
         stats.count(r.model_stats.requests, status)

@@ -15,6 +15,8 @@ reading, picking, booking, learning and releasing are ``serve``'s own:
   picked (within the gateway's subset hint, ``envoy.lb.subset_hint``), booked; the answer
   sets ``x-gateway-destination-endpoint: ip:port`` and the dynamic metadata ``envoy.lb`` /
   ``x-gateway-destination-endpoint`` (the pick, then fallbacks for the gateway's retries).
+  With ``--flow-control`` the answer waits for the request's turn
+  (:mod:`router.core.flow`; Envoy holds the request meanwhile), or is a 429 refusal.
   Bad bodies, unknown models, no healthy worker, an empty or all-ineligible subset: an
   ImmediateResponse with ``serve``'s status and OpenAI-style JSON error. A stream routes
   once: request headers or body after the body ended (no gateway sends them) are a 400
@@ -53,6 +55,7 @@ from router.core.errors import (
     ServiceUnavailable,
     echo,
 )
+from router.core.flow import bearer_key
 from router.core.parse import routed_kind
 from router.core.routing import Routed, RouterCore
 from router.core.usage import ResponseIdReader, UsageReader
@@ -106,6 +109,8 @@ class RequestStream:
         self.first = True
         self.reader: UsageReader | None = None
         self.learn: ResponseIdReader | None = None  # reads the id of a stored response
+        # the request's headers, kept for flow control's classification (when it is on)
+        self.flow_headers: dict[str, str] | None = {} if core.flow is not None else None
 
     # ---- the stream --------------------------------------------------------------------
 
@@ -176,6 +181,8 @@ class RequestStream:
                 self.session = value.decode("latin-1")
             elif key == "content-type":
                 self.content_type = value
+            if self.flow_headers is not None:
+                self.flow_headers.setdefault(key, value.decode("latin-1"))
         self.kind = routed_kind(self.method, self.path)
         if self.kind is None:
             if self.method == "GET" and self.path == MODELS_PATH:
@@ -281,6 +288,10 @@ class RequestStream:
         self.routed = routed = await core.understand(
             self.kind, raw, self.session, self.method, self.path, self.content_type
         )
+        headers = self.flow_headers
+        if headers is not None:  # flow control: the stream is held until the request's turn
+            key = bearer_key(headers.get("authorization"))
+            await core.flow_wait(routed, headers.get, len(raw), key)
         exclude = None
         of = self.endpoints.of
         if self.subset is not None:

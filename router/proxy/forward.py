@@ -71,6 +71,7 @@ from router.core.errors import (
     Unauthorized,
     send_error,
 )
+from router.core.flow import bearer_key
 from router.core.parse import CHAT, COMPLETION, STREAMED_BODIES
 from router.core.routing import PROMPT_KINDS, RouterCore
 from router.fleet.pool import PREFILL
@@ -163,6 +164,8 @@ class Forwarder:
             respond = partial(asgi_respond, send)
         try:
             try:
+                if self.core.flow is not None:
+                    await self._flow_wait(scope, ex)
                 await self._attempts(ex, send, respond)
             except RouterError as error:
                 if not ex.tried:
@@ -247,6 +250,15 @@ class Forwarder:
             ex.body = orjson.dumps(asking_usage(request.body))
             ex.drop_usage_chunk = True
         return ex
+
+    async def _flow_wait(self, scope: dict, ex: Exchange) -> None:
+        """Flow control (:mod:`router.core.flow`): wait for this request's turn. A client
+        that leaves meanwhile cancels the wait like any other (the queue lets it go)."""
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        key = bearer_key(headers.get("authorization"))
+        await self.core.flow_wait(ex, headers.get, len(ex.body), key)
 
     async def _watch(self, receive, ex: Exchange) -> None:
         """Cancel the exchange when the client disconnects before the response ends."""

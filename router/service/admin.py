@@ -8,6 +8,9 @@
   of every process's, labelled: :mod:`router.service.process_metrics`);
 - ``GET /workers``: one object per worker (load, shadow, estimate vs report, models);
 - ``GET /workers/discovery``: each ``--discover`` source, the workers it lists, its errors;
+- ``GET /workers/flow``: with ``--flow-control``, the queue (queued requests and bytes per
+  priority band and flow, dispatched and refused counts, the latest predicted TTFT);
+  ``{"enabled": false}`` without;
 - ``POST /workers`` ``{"url": ..., "kv_capacity_tokens": ...}`` (or ``?url=``) adds a worker,
   ``DELETE /workers`` ``{"url": ...}`` (or ``?url=``) removes one; both need the admin key
   (``Authorization: Bearer KEY`` or ``X-Admin-Key: KEY``) when one is configured.
@@ -134,6 +137,11 @@ def build_admin(app: RouterContext) -> FastAPI:
     async def discovery() -> Response:
         sources = app.discovery.describe() if app.discovery is not None else []
         return _json({"sources": sources})
+
+    @api.get("/workers/flow")
+    async def flow() -> Response:
+        control = app.core.flow
+        return _json({"enabled": False} if control is None else control.describe())
 
     @api.post("/workers")
     async def add_worker(request: Request) -> Response:

@@ -24,6 +24,8 @@ _FLAG_NAMES = {
     "picker_params": "--picker-param",
     "worker_kv_capacity_tokens": "--worker-kv-capacity",
     "worker_models": "--worker-models",
+    "flow_objectives": "--flow-objective",
+    "flow_weights": "--flow-weight",
 }
 _METAVARS = {
     "workers": "URL",
@@ -35,6 +37,8 @@ _METAVARS = {
     "worker_kv_capacity_tokens": "URL=TOKENS",
     "worker_models": "URL=BASE[,ADAPTER...]",
     "discover": "URI",
+    "flow_objectives": "NAME=PRIORITY",
+    "flow_weights": "FLOW=WEIGHT",
 }
 
 _KEY_VALUE_FIELDS = (
@@ -42,6 +46,8 @@ _KEY_VALUE_FIELDS = (
     "worker_kv_capacity_tokens",
     "worker_models",
     "bootstrap_ports",
+    "flow_objectives",
+    "flow_weights",
 )
 
 

@@ -11,6 +11,7 @@ from typing import Protocol
 from router.config import Settings
 from router.core.access import Access
 from router.core.metrics import RouterMetrics
+from router.core.routing import RouterCore
 from router.fleet.discovery import Discovery
 from router.fleet.health import HealthChecker
 from router.fleet.membership import Membership
@@ -25,6 +26,7 @@ class RouterContext(Protocol):
     settings: Settings
     pool: WorkerPool
     metrics: RouterMetrics
+    core: RouterCore  # reading, picking, booking; with --flow-control its queue (core.flow)
     access: Access
     health_checker: HealthChecker
     membership: Membership  # workers joining and leaving (admin API, discovery, replicas)

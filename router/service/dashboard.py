@@ -280,6 +280,13 @@ _SCRIPT = r"""
       parts.push("up " + (m >= 60 ? Math.floor(m / 60) + " h " + (m % 60) + " min" : m + " min"));
     }
     $("meta").textContent = parts.join(" \u00b7 ");
+    const flow = summary.flow;
+    $("tile-queued-box").hidden = !flow;
+    if (flow) {
+      const bands = Object.entries(flow.bands || {}).map(([b, v]) => b + ":" + v.queued);
+      $("tile-queued").textContent = fmtInt(flow.queued) +
+        (bands.length ? " (" + bands.join(" ") + ")" : "");
+    }
     const items = [];
     const add = (label, n) => {
       const span = document.createElement("span");
@@ -513,6 +520,8 @@ _BODY = """
     <div class="value" id="tile-healthy">–</div></div>
   <div class="tile"><div class="label">in flight</div>
     <div class="value" id="tile-inflight">–</div></div>
+  <div class="tile" id="tile-queued-box" hidden><div class="label">queued (flow control)</div>
+    <div class="value" id="tile-queued">–</div></div>
   <div class="tile"><div class="label">requests / s</div>
     <div class="value" id="tile-rps">–</div></div>
   <div class="tile"><div class="label">requests</div>
@@ -616,6 +625,7 @@ def summary(app: RouterContext, started: float) -> dict[str, Any]:
             for label, m in stats.models.items()
         },
         "uptime_s": round(time.monotonic() - started, 1),
+        "flow": app.core.flow.describe() if app.core.flow is not None else None,
     }
 
 

@@ -1,0 +1,323 @@
+"""Flow control: priorities, fairness and SLO-aware admission between admission and placement.
+
+One object (:class:`FlowControl`, the router core's ``flow`` with ``--flow-control``) that
+``serve``'s forwarder and the endpoint picker both await between reading a request and
+picking its worker (:meth:`router.core.routing.RouterCore.flow_wait`); the order and the
+saturation test are the pure functions of :mod:`router.core.flow_queue`, which the offline
+simulator runs too.
+
+A request arrives (already admitted: in flight, ``max_inflight``):
+
+- the fleet is not saturated for it (the best worker's predicted TTFT for it is within
+  ``--flow-target-ttft-s``, :func:`~router.core.flow_queue.saturated`) and nothing of its
+  priority or higher waits: it goes on at once (dispatched, wait 0);
+- saturated and sheddable (negative priority): 429 ``flow_shed`` with Retry-After;
+- else it waits in the queue (429 ``flow_queue_full`` / ``flow_queue_bytes`` past its band's
+  limits). One dispatcher task (alive while something waits) releases the queue's head each
+  time the fleet is not saturated for it: at once when a booking is released, else every
+  ``TICK_S`` (the workers' prefill queues drain with time and first tokens). A request past
+  its band's TTL: 429 ``flow_ttl``. A client that leaves while queued: taken out (counted
+  ``client_disconnect``), its front end releases the rest as on any disconnect.
+- no healthy worker, or no worker for its model: it goes on, and the pick answers (503, 404).
+
+After a request is released it is placed (picked and booked) before the dispatcher looks at
+the next one: the released task runs before the dispatcher resumes (the event loop's ready
+queue is first in, first out), and picks and books without suspending, so the next
+prediction sees its booking.
+
+Every request that enters ends exactly once in ``dispatched`` or ``rejected`` (by reason);
+``queued`` is read from the queue itself, so it cannot drift.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from policies.base import NoHealthyWorker
+from router.core.errors import TooManyRequests
+from router.core.flow_queue import (
+    DISCONNECT,
+    SHED,
+    TTL,
+    Classified,
+    FlowQueue,
+    Limits,
+    Prediction,
+    QueueFull,
+    Waiting,
+    classify,
+    predicted_ttft,
+    saturated,
+)
+from router.core.metrics import PREFIX, HistogramFamily
+from router.fleet.pool import ModelNotServed, WorkerPool
+
+log = logging.getLogger("cache_router.flow")
+
+TICK_S = 0.01  # how often a saturated queue's head is looked at again, at most
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+FLOW_LABELS_MAX = 100  # distinct flow labels in the metrics; later flows count as "other"
+MESSAGES = {
+    SHED: "the fleet is saturated and this request is sheddable (negative priority)",
+    TTL: "the request waited in the flow-control queue past its band's TTL",
+    "queue_full": "the flow-control queue of this priority is full",
+    "queue_bytes": "the flow-control queue of this priority holds its most bytes",
+}
+
+
+class FlowControl:
+    """The queue, its dispatcher and its counters (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Any,
+        pool: WorkerPool,
+        registry: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.clock = clock
+        self.target_s = settings.flow_target_ttft_s
+        self.kv_limit = settings.flow_kv_limit
+        self.rate = settings.prefill_tokens_per_s
+        self.objectives = dict(settings.flow_objectives)
+        self.fairness_header = settings.flow_fairness_header.lower()
+        limits = Limits(
+            settings.flow_queue_max, settings.flow_queue_max_bytes, settings.flow_queue_ttl_s
+        )
+        self.queue = FlowQueue(limits, settings.flow_weights)
+        self.dispatched: dict[tuple[str, str], int] = {}
+        self.rejected: dict[tuple[str, str, str], int] = {}
+        self.wait = HistogramFamily(
+            PREFIX + "flow_wait_seconds",
+            "Flow control: time a request waited before it was dispatched (band)",
+            ["band"],
+            WAIT_BUCKETS,
+        )
+        self.last: Prediction | None = None  # the latest prediction, for the gauges
+        self._labels: set[str] = set()
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        if registry is not None:
+            registry.register(FlowCollector(self))
+
+    # ---- a request -----------------------------------------------------------------------
+
+    def classify(
+        self, header: Callable[[str], str | None], body: Any, api_key: str | None
+    ) -> Classified:
+        return classify(
+            header,
+            body if isinstance(body, dict) else None,
+            self.objectives,
+            self.fairness_header,
+            api_key,
+        )
+
+    def predict(self, features: Any, now: float) -> Prediction | None:
+        """The best worker's predicted TTFT for ``features``; None: no worker can take it
+        (the pick answers why)."""
+        try:
+            views = self.pool.views_for(features.model)
+            prediction = predicted_ttft(features, views, self.rate, now, self.kv_limit)
+        except (NoHealthyWorker, ModelNotServed):
+            return None
+        self.last = prediction
+        return prediction
+
+    def is_saturated(self, features: Any, now: float) -> bool:
+        prediction = self.predict(features, now)
+        return prediction is not None and saturated(prediction, self.target_s)
+
+    async def enter(self, features: Any, c: Classified, size: int) -> None:
+        """Return when the request may be placed; raise :class:`TooManyRequests` when it is
+        refused. Cancelled while waiting (its client left): taken out of the queue."""
+        now = self.clock()
+        full = self.is_saturated(features, now)
+        if not full and not self.queue.ahead_of(c.band):
+            self._count_dispatched(c.band, c.flow, 0.0)
+            return
+        if full and c.band < 0:
+            raise self._refuse(c.band, c.flow, SHED)
+        deadline = now + c.slo_s if c.slo_s is not None else None
+        item = Waiting(c.band, c.flow, features.input_length, size, now, deadline)
+        try:
+            self.queue.push(item)
+        except QueueFull as full_queue:
+            raise self._refuse(c.band, c.flow, full_queue.reason) from None
+        future = asyncio.get_running_loop().create_future()
+        item.payload = (future, features)
+        self._start()
+        try:
+            await future
+        except asyncio.CancelledError:
+            self._gone(item)
+            raise
+
+    def _gone(self, item: Waiting) -> None:
+        """``item``'s client left while it was queued: out of the queue, counted once
+        (whichever of its task and the dispatcher sees it first)."""
+        if self.queue.remove(item):
+            self._count(self.rejected, (str(item.band), self._label(item.flow), DISCONNECT))
+
+    def wake(self) -> None:
+        """A booking was released: look at the queue's head now."""
+        if self._wake is not None:
+            self._wake.set()
+
+    # ---- the dispatcher ------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._dispatch())
+
+    async def _dispatch(self) -> None:
+        queue = self.queue
+        wake = self._wake
+        assert wake is not None
+        try:
+            while len(queue):
+                now = self.clock()
+                for item in queue.expired(now):
+                    future, _ = item.payload
+                    if not future.done():
+                        future.set_exception(self._refuse(item.band, item.flow, TTL))
+                head = queue.head()
+                if head is None:
+                    break
+                future, features = head.payload
+                if future.done():  # cancelled: its client left (its task not resumed yet)
+                    self._gone(head)
+                    continue
+                if not self.is_saturated(features, now):
+                    queue.pop()
+                    self._count_dispatched(head.band, head.flow, now - head.arrival)
+                    future.set_result(None)
+                    await asyncio.sleep(0)  # it picks and books before the next look
+                    continue
+                wake.clear()
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), TICK_S)
+        except Exception:  # a bug: never leave requests waiting for nobody
+            log.exception("flow-control dispatcher failed; releasing the queue")
+            while (item := queue.pop()) is not None:
+                future, _ = item.payload
+                if not future.done():
+                    self._count_dispatched(item.band, item.flow, self.clock() - item.arrival)
+                    future.set_result(None)
+
+    # ---- counters ------------------------------------------------------------------------
+
+    def _label(self, flow: str) -> str:
+        labels = self._labels
+        if flow in labels:
+            return flow
+        if len(labels) < FLOW_LABELS_MAX:
+            labels.add(flow)
+            return flow
+        return "other"
+
+    @staticmethod
+    def _count(table: dict, key: tuple) -> None:
+        table[key] = table.get(key, 0) + 1
+
+    def _count_dispatched(self, band: int, flow: str, waited: float) -> None:
+        self._count(self.dispatched, (str(band), self._label(flow)))
+        self.wait.labels(str(band)).observe(waited)
+
+    def _refuse(self, band: int, flow: str, reason: str) -> TooManyRequests:
+        self._count(self.rejected, (str(band), self._label(flow), reason))
+        return TooManyRequests(MESSAGES[reason], code="flow_" + reason)
+
+    def describe(self) -> dict[str, Any]:
+        """The queue for ``/workers`` and the dashboard."""
+        last = self.last
+        return {
+            "target_ttft_s": self.target_s,
+            **self.queue.snapshot(),
+            "predicted_ttft_s": round(last.ttft_s, 3) if last is not None else None,
+            "dispatched": _nested(self.dispatched),
+            "rejected": _nested(self.rejected),
+        }
+
+
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer`` header (its tenant is a flow)."""
+    if authorization is None:
+        return None
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return key.strip() or None
+
+
+def _nested(table: dict[tuple, int]) -> dict:
+    out: dict = {}
+    for key, n in sorted(table.items()):
+        level = out
+        for part in key[:-1]:
+            level = level.setdefault(part, {})
+        level[key[-1]] = n
+    return out
+
+
+class FlowCollector(Collector):
+    """Exports the flow-control queue and counters (prefix ``cache_router_flow_``)."""
+
+    def __init__(self, flow: FlowControl) -> None:
+        self.flow = flow
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        flow = self.flow
+        queued = GaugeMetricFamily(
+            PREFIX + "flow_queued", "Flow control: requests queued", labels=["band", "flow"]
+        )
+        queued_bytes = GaugeMetricFamily(
+            PREFIX + "flow_queued_bytes", "Flow control: bytes queued", labels=["band"]
+        )
+        for band, b in flow.queue.snapshot()["bands"].items():
+            queued_bytes.add_metric([band], b["bytes"])
+            by_label: dict[str, int] = {}
+            for name, f in b["flows"].items():
+                label = flow._label(name)
+                by_label[label] = by_label.get(label, 0) + f["queued"]
+            for label, n in by_label.items():
+                queued.add_metric([band, label], n)
+        dispatched = CounterMetricFamily(
+            PREFIX + "flow_dispatched",
+            "Flow control: requests released to placement",
+            labels=["band", "flow"],
+        )
+        for (band, label), n in flow.dispatched.items():
+            dispatched.add_metric([band, label], n)
+        rejected = CounterMetricFamily(
+            PREFIX + "flow_rejected",
+            "Flow control: requests refused (429) or whose client left while queued",
+            labels=["band", "flow", "reason"],
+        )
+        for (band, label, reason), n in flow.rejected.items():
+            rejected.add_metric([band, label, reason], n)
+        predicted = GaugeMetricFamily(
+            PREFIX + "flow_predicted_ttft_seconds",
+            "Flow control: the latest prediction of the best worker's TTFT",
+        )
+        if flow.last is not None:
+            predicted.add_metric([], flow.last.ttft_s)
+        yield queued
+        yield queued_bytes
+        yield dispatched
+        yield rejected
+        yield predicted
+        yield from flow.wait.collect()

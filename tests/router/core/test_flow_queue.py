@@ -1,0 +1,210 @@
+"""Flow control's pure part on hand-made cases: classification, order, limits, saturation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from policies.base import NoHealthyWorker, RequestFeatures
+from router.core.flow_queue import (
+    DEFAULT_FLOW,
+    QUEUE_BYTES,
+    QUEUE_FULL,
+    FlowQueue,
+    Limits,
+    Prediction,
+    QueueFull,
+    Waiting,
+    classify,
+    predicted_ttft,
+    saturated,
+)
+
+
+def headers(**values: str):
+    table = {k.replace("_", "-"): v for k, v in values.items()}
+    return table.get
+
+
+def item(band=0, flow="a", cost=100, size=10, arrival=0.0, deadline=None, name=None):
+    return Waiting(band, flow, cost, size, arrival, deadline, payload=name)
+
+
+def drain(q: FlowQueue) -> list:
+    out = []
+    while (w := q.pop()) is not None:
+        out.append(w.payload)
+    return out
+
+
+# ---- classification ---------------------------------------------------------------------
+
+
+def test_priority_header_first_then_objective_then_body_priority():
+    objectives = {"interactive": 10, "batch": -1}
+    c = classify(headers(x_priority="3", x_llm_d_inference_objective="batch"), {}, objectives)
+    assert c.band == 3
+    c = classify(headers(x_llm_d_inference_objective="batch"), {"priority": 5}, objectives)
+    assert c.band == -1
+    c = classify(headers(x_llm_d_inference_objective="unknown"), {"priority": 2}, objectives)
+    assert c.band == -2  # vLLM's field: lower first
+    assert classify(headers(), None, objectives).band == 0
+    assert classify(headers(x_priority="high"), {"priority": True}, {}).band == 0
+
+
+def test_flow_from_fairness_header_else_api_key_tenant_else_default():
+    c = classify(headers(x_llm_d_inference_fairness_id="tenant-a"), None, {}, api_key="sk-1")
+    assert c.flow == "tenant-a"
+    by_key = classify(headers(), None, {}, api_key="sk-secret").flow
+    assert by_key.startswith("key-") and "secret" not in by_key
+    assert by_key == classify(headers(), None, {}, api_key="sk-secret").flow
+    assert classify(headers(), None, {}).flow == DEFAULT_FLOW
+    custom = classify(headers(x_tenant="t9"), None, {}, fairness_header="x-tenant")
+    assert custom.flow == "t9"
+
+
+def test_slo_header_in_milliseconds():
+    assert classify(headers(x_llm_d_slo_ttft_ms="250"), None, {}).slo_s == 0.25
+    assert classify(headers(x_llm_d_slo_ttft_ms="nan"), None, {}).slo_s is None
+    assert classify(headers(x_llm_d_slo_ttft_ms="-5"), None, {}).slo_s is None
+
+
+# ---- order ------------------------------------------------------------------------------
+
+
+def test_strict_priority_across_bands():
+    q = FlowQueue()
+    q.push(item(band=0, name="low"))
+    q.push(item(band=-1, name="shed"))
+    q.push(item(band=5, name="high"))
+    q.push(item(band=0, name="low2"))
+    assert drain(q) == ["high", "low", "low2", "shed"]
+    assert len(q) == 0
+
+
+def test_fair_share_by_attained_prompt_tokens():
+    q = FlowQueue()
+    for i in range(4):
+        q.push(item(flow="heavy", cost=100, arrival=i, name=f"h{i}"))
+    q.push(item(flow="light", cost=100, arrival=10, name="l0"))
+    q.push(item(flow="light", cost=100, arrival=11, name="l1"))
+    # equal service: alternate, though the heavy flow's requests all came first
+    assert drain(q) == ["h0", "l0", "h1", "l1", "h2", "h3"]
+
+
+def test_weights_divide_attained_service():
+    q = FlowQueue(weights={"gold": 2.0})
+    for i in range(3):
+        q.push(item(flow="gold", cost=100, arrival=i, name=f"g{i}"))
+        q.push(item(flow="free", cost=100, arrival=i, name=f"f{i}"))
+    order = drain(q)
+    assert order[:3].count("g0") + order[:3].count("g1") == 2  # gold twice as often early
+
+
+def test_an_idle_flow_banks_no_credit():
+    q = FlowQueue()
+    for i in range(5):
+        q.push(item(flow="busy", cost=100, arrival=i, name=f"b{i}"))
+    assert [q.pop().payload for _ in range(3)] == ["b0", "b1", "b2"]
+    q.push(item(flow="new", cost=100, arrival=9, name="n0"))
+    q.push(item(flow="new", cost=100, arrival=9, name="n1"))
+    # the new flow starts level with the busy one, not 300 tokens behind: they alternate
+    assert drain(q) == ["b3", "n0", "b4", "n1"]
+
+
+def test_within_a_flow_fcfs_or_earliest_deadline():
+    q = FlowQueue(Limits(ttl_s=30))
+    q.push(item(arrival=0, name="first"))
+    q.push(item(arrival=1, name="second"))
+    q.push(item(arrival=2, deadline=2.5, name="urgent"))
+    assert drain(q) == ["urgent", "first", "second"]
+
+
+def test_limits_per_band():
+    q = FlowQueue(Limits(max_requests=2, max_bytes=0))
+    q.push(item(band=0))
+    q.push(item(band=0))
+    with pytest.raises(QueueFull) as full:
+        q.push(item(band=0))
+    assert full.value.reason == QUEUE_FULL
+    q.push(item(band=1))  # another band has its own room
+    q = FlowQueue(Limits(max_requests=0, max_bytes=100))
+    q.push(item(size=60))
+    with pytest.raises(QueueFull) as full:
+        q.push(item(size=60))
+    assert full.value.reason == QUEUE_BYTES
+    q.pop()
+    q.push(item(size=60))  # the bytes were given back
+
+
+def test_ttl_expiry_and_removal():
+    q = FlowQueue(Limits(ttl_s=5))
+    a, b, c = item(arrival=0, name="a"), item(arrival=3, name="b"), item(flow="x", name="c")
+    for w in (a, b, c):
+        q.push(w)
+    assert q.expired(4.9) == []
+    assert {w.payload for w in q.expired(5.0)} == {"a", "c"}
+    assert q.remove(b) and not q.remove(b)
+    assert len(q) == 0 and q.head() is None
+    assert q.snapshot() == {"queued": 0, "bands": {}}
+
+
+def test_snapshot_counts_bands_and_flows():
+    q = FlowQueue()
+    q.push(item(band=1, flow="a", size=5))
+    q.push(item(band=1, flow="b", size=7))
+    q.push(item(band=0, flow="a", size=1))
+    snap = q.snapshot()
+    assert snap["queued"] == 3
+    assert snap["bands"]["1"]["bytes"] == 12
+    assert snap["bands"]["1"]["flows"]["b"]["queued"] == 1
+    assert q.ahead_of(1) == 2 and q.ahead_of(0) == 3 and q.ahead_of(2) == 0
+
+
+# ---- saturation -------------------------------------------------------------------------
+
+
+@dataclass
+class View:
+    pending_prefill_tokens: int = 0
+    hit: int = 0
+    healthy: bool = True
+    num_requests: int = 0
+    ongoing_decode_tokens: int = 0
+    held_tokens: int = 0
+    kv_capacity_tokens: int = 0
+
+    def estimate_cache_hit(self, blocks, tokens=None) -> int:
+        return self.hit
+
+
+def features(n: int) -> RequestFeatures:
+    return RequestFeatures(blocks=(), input_length=n)
+
+
+def test_predicted_ttft_is_the_best_workers_queue_plus_own_uncached_prefill():
+    views = [View(pending_prefill_tokens=4000), View(pending_prefill_tokens=1000, hit=500)]
+    p = predicted_ttft(features(1000), views, default_rate=1000.0)
+    assert p.ttft_s == pytest.approx(1.5)  # (1000 + 500) / 1000 on the second
+    assert p.own_s == pytest.approx(0.5)
+    assert saturated(p, 1.0) and not saturated(p, 2.0)
+    with pytest.raises(NoHealthyWorker):
+        predicted_ttft(features(10), [View(healthy=False)], 1000.0)
+
+
+def test_a_prompt_too_long_for_the_target_goes_once_a_worker_is_free():
+    alone = Prediction(ttft_s=5.0, own_s=5.0)
+    assert not saturated(alone, 2.0)
+    assert saturated(Prediction(ttft_s=5.1, own_s=5.0), 2.0)
+
+
+def test_kv_limit_saturates_when_every_worker_is_full():
+    views = [View(held_tokens=900, kv_capacity_tokens=1000), View(held_tokens=100)]
+    assert not predicted_ttft(features(200), views, 1000.0, kv_limit=1.0).kv_full
+    views[1] = View(held_tokens=950, kv_capacity_tokens=1000)
+    p = predicted_ttft(features(200), views, 1000.0, kv_limit=1.0)
+    assert p.kv_full and saturated(p, 10.0)
+    assert not predicted_ttft(features(200), views, 1000.0).kv_full  # off by default
+    assert math.isfinite(p.ttft_s)
