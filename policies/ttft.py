@@ -20,7 +20,10 @@ worker ``i`` in seconds:
               + drain_i                         (... every slot runs another adapter, or
                                                  this one takes the last: a slot's wait)
               drain_i = ongoing_decode_i / n_i / 2 * (step_s + seq_s * n_i) * H(k_i)
-    cost_i  = ttft_i + share_i + evict_i + wait_i + block_i + lora_i
+    load_i  = cpu_hit_i * kv_load_s_per_token_i    (a prefix in worker i's CPU KV tier past
+                                                 its GPU hit: loaded, not recomputed, so it
+                                                 counts in the hit; docs/tiered-kv.md)
+    cost_i  = ttft_i + share_i + evict_i + wait_i + block_i + lora_i + load_i
                                                          g(x) = x^2 / (x^2 + share_tau_s^2)
 
 - ``pending_prefill_i``: the prefill booked there and not yet answered, less what the
@@ -35,6 +38,10 @@ worker ``i`` in seconds:
   from configuration, bounded); views without one use ``prefill_tokens_per_s``.
 - The step term is chunked prefill's: every ``chunk_tokens`` of prefill share an engine
   step with the running batch, whose cost grows with it.
+- ``load_i`` and the tiers: on a worker whose CPU tier the router reads
+  (:func:`policies.hits.estimate_tier_hits`) ``uncached_i`` leaves out what the worker would
+  load from that tier, and a session pushed out of such a worker costs its reload rather than
+  its recompute (``evict_i``, whichever is cheaper).
 - ``displaced_i``: the KV held on worker ``i`` by *other* sessions seen there recently
   (:class:`router.cache.workload.SessionFootprint`). When it plus this prompt exceeds the
   worker's capacity, the tokens this request inserts (``min(uncached, overflow)``) push out
