@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from worker_model_support import Driver, req
 
 CFG = WorkerModelConfig(
     kv_capacity_tokens=512 * 20,
@@ -15,38 +22,8 @@ CFG = WorkerModelConfig(
 )
 
 
-class Driver:
-    """Runs a model to completion, recording first-token and finish times."""
-
-    def __init__(self, config: WorkerModelConfig = CFG) -> None:
-        self.first: dict[str, float] = {}
-        self.done: dict[str, float] = {}
-        self.model = WorkerModel(
-            config,
-            on_first_token=lambda r, t: self.first.__setitem__(r.tag, t),
-            on_finish=lambda r, t: self.done.__setitem__(r.tag, t),
-        )
-
-    def run(self, arrivals: list[tuple[float, SimRequest]], until: float = 1e9) -> None:
-        arrivals = sorted(arrivals, key=lambda a: a[0])
-        for _ in range(100_000):
-            nxt = self.model.next_event
-            if arrivals and (nxt is None or arrivals[0][0] < nxt):
-                t, req = arrivals.pop(0)
-                self.model.submit(req, t)
-            elif nxt is not None and nxt <= until:
-                self.model.advance(nxt)
-            else:
-                return
-        raise AssertionError("model did not settle")
-
-
-def req(tag: str, blocks: tuple[int, ...], input_length: int, output: int) -> SimRequest:
-    return SimRequest(blocks, input_length, output, tag=tag)
-
-
 def test_single_request_timeline():
-    d = Driver()
+    d = Driver(CFG)
     d.run([(0.0, req("a", (1, 2), 1024, 5))])
     # one prefill step: overhead + 0 decoding seqs + 1024 tokens at 1024 tok/s
     assert d.first["a"] == pytest.approx(1.010)
@@ -57,7 +34,7 @@ def test_single_request_timeline():
 
 
 def test_cached_prefix_skips_prefill_and_is_reported():
-    d = Driver()
+    d = Driver(CFG)
     d.run([(0.0, req("a", (1, 2), 1024, 1)), (5.0, req("b", (1, 2, 3), 1536, 1))])
     assert d.model.stats.cached_tokens == 1024
     assert d.first["b"] == pytest.approx(5.0 + 0.010 + 512 / 1024)
@@ -65,7 +42,7 @@ def test_cached_prefix_skips_prefill_and_is_reported():
 
 
 def test_long_prefill_is_chunked_and_decode_runs_beside_it():
-    d = Driver()
+    d = Driver(CFG)
     d.run([(0.0, req("a", (1,), 512, 3)), (0.5, req("b", tuple(range(10, 14)), 2048, 1))])
     # a: prefill 0.51 s; b arrives during it and is admitted at 0.51
     assert d.first["a"] == pytest.approx(0.51)
@@ -75,7 +52,7 @@ def test_long_prefill_is_chunked_and_decode_runs_beside_it():
 
 
 def test_arrival_during_decode_stretch_joins_at_next_boundary():
-    d = Driver()
+    d = Driver(CFG)
     d.run([(0.0, req("a", (1,), 512, 101)), (0.6, req("b", (1,), 512, 1))])
     start = 0.51  # a decodes from here in 11 ms steps
     boundary = start + 9 * 0.011  # the first step boundary after 0.6
@@ -101,7 +78,7 @@ def test_waits_for_memory_held_by_running_requests():
 
 
 def test_oversized_request_runs_alone():
-    d = Driver()
+    d = Driver(CFG)
     d.run([(0.0, req("big", tuple(range(30)), 512 * 30, 1))])
     assert "big" in d.done
 
@@ -127,7 +104,7 @@ def test_an_adapter_pays_its_load_once_then_runs_resident():
 def test_adapter_blocks_are_never_a_hit_for_the_base_model_or_another_adapter():
     order = [("base", None), ("x", "x"), ("y", "y"), ("x2", "x"), ("base2", None)]
     reqs = [lora_req(tag, adapter) for tag, adapter in order]  # one prompt, one at a time
-    Driver().run([(10.0 * i, r) for i, r in enumerate(reqs)])
+    Driver(CFG).run([(10.0 * i, r) for i, r in enumerate(reqs)])
     cached = {r.tag: r.cached_tokens for r in reqs}
     assert cached == {"base": 0, "x": 0, "y": 0, "x2": 1024, "base2": 1024}
 

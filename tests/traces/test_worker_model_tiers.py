@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,10 @@ from traces.worker_model import (
     model_argv,
     model_config_from_args,
 )
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from worker_model_support import Driver, req
 
 B = 512
 # prefill: 1024 tokens/s (a 512-token block in 0.5 s); loads: 1e6 bytes a token at 4 GB/s,
@@ -31,37 +37,6 @@ CFG = WorkerModelConfig(
     kv_bytes_per_token=1_000_000,
 )
 NO_TIER = replace(CFG, cpu_kv_capacity_tokens=0)
-
-
-class Driver:
-    """Runs a model to completion, recording first-token and finish times."""
-
-    def __init__(self, config: WorkerModelConfig = CFG, events: bool = False) -> None:
-        self.first: dict[str, float] = {}
-        self.done: dict[str, float] = {}
-        self.model = WorkerModel(
-            config,
-            on_first_token=lambda r, t: self.first.__setitem__(r.tag, t),
-            on_finish=lambda r, t: self.done.__setitem__(r.tag, t),
-            events=events,
-        )
-
-    def run(self, arrivals: list[tuple[float, SimRequest]], until: float = 1e9) -> None:
-        arrivals = sorted(arrivals, key=lambda a: a[0])
-        for _ in range(100_000):
-            nxt = self.model.next_event
-            if arrivals and (nxt is None or arrivals[0][0] < nxt):
-                t, r = arrivals.pop(0)
-                self.model.submit(r, t)
-            elif nxt is not None and nxt <= until:
-                self.model.advance(nxt)
-            else:
-                return
-        raise AssertionError("model did not settle")
-
-
-def req(tag: str, blocks: tuple[int, ...], input_length: int, output: int = 1) -> SimRequest:
-    return SimRequest(blocks, input_length, output, tag=tag)
 
 
 def evicted_from_gpu(d: Driver) -> None:
@@ -88,7 +63,7 @@ def test_config_load_time_and_validation():
 
 
 def test_write_through_store_at_first_token():
-    d = Driver()
+    d = Driver(CFG)
     a = req("a", (1, 2, 3), 3 * B, output=5)
     d.run([(0.0, a)], until=1.0)  # mid prefill (first token at 1.52)
     assert len(d.model.cpu) == 0 and d.model.stats.cpu_stored_blocks == 0
@@ -102,7 +77,7 @@ def test_write_through_store_at_first_token():
 
 
 def test_prefix_evicted_from_gpu_is_loaded_from_cpu():
-    d = Driver()
+    d = Driver(CFG)
     evicted_from_gpu(d)
     c = req("c", (1, 2, 3, 4), 4 * B)
     d.run([(20.0, c)])
@@ -134,7 +109,7 @@ def test_gpu_hit_then_cpu_continuation():
 
 
 def test_whole_prompt_in_cpu_tier_needs_no_prefill():
-    d = Driver()
+    d = Driver(CFG)
     evicted_from_gpu(d)
     c = req("c", (1, 2, 3), 3 * B - 10)
     d.run([(20.0, c)])
@@ -280,7 +255,7 @@ def test_pinned_blocks_stay_in_cpu_tier_while_loading():
 
 
 def test_kv_transferred_request_neither_loads_nor_stores():
-    d = Driver()
+    d = Driver(CFG)
     evicted_from_gpu(d)
     stored = d.model.stats.cpu_stored_blocks
     t = SimRequest((1, 2, 3, 99), 4 * B, 2, tag="t", kv_transferred=True)
@@ -291,7 +266,7 @@ def test_kv_transferred_request_neither_loads_nor_stores():
 
 
 def test_reset_cache_clears_both_tiers():
-    d = Driver(events=True)
+    d = Driver(CFG, events=True)
     evicted_from_gpu(d)
     d.model.take_events()
     d.model.reset_cache()
@@ -317,13 +292,7 @@ def _timeline(config: WorkerModelConfig) -> tuple[dict, dict, WorkerModel]:
 
 
 def test_no_tier_is_the_old_behaviour():
-    base = WorkerModelConfig(
-        kv_capacity_tokens=B * 5,
-        chunk_tokens=1024,
-        prefill_tokens_per_s=1024.0,
-        step_overhead_s=0.010,
-        decode_s_per_seq=0.001,
-    )
+    base = NO_TIER
     first, done, model = _timeline(base)
     assert model.cpu is None and model.cpu_prefix_blocks((1, 2, 3), 0) == 0
     stats = model.stats

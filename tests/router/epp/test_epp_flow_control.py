@@ -28,18 +28,11 @@ from ext_proc_support import (
     router_app,
     settled,
 )
-
-FLOW = {
-    "flow_control": True,
-    "prefill_tokens_per_s": 500.0,
-    "flow_target_ttft_s": 2.5,
-    "correct_shadow": False,
-}
+from flow_support import FLOW, flow_prompt
 
 
 def prompt(tag: str) -> bytes:
-    text = tag.ljust(16, "-") + "x" * 3984
-    return orjson.dumps({"model": "fake-model", "prompt": text, "max_tokens": 4})
+    return orjson.dumps({"model": "fake-model", "prompt": flow_prompt(tag), "max_tokens": 4})
 
 
 async def routed(call) -> bytes | None:

@@ -12,19 +12,12 @@ import asyncio
 import httpx
 import pytest
 from conftest import wait_until
+from flow_support import FLOW, flow_prompt
 from prometheus_client.parser import text_string_to_metric_families
-
-FLOW = {
-    "flow_control": True,
-    "prefill_tokens_per_s": 500.0,
-    "flow_target_ttft_s": 2.5,
-    "correct_shadow": False,
-}
 
 
 def body(tag: str) -> dict:
-    # 4000 bytes, a distinct first block: ~1000 tokens, nothing cached for the others
-    return {"model": "fake-model", "prompt": tag.ljust(16, "-") + "x" * 3984, "max_tokens": 4}
+    return {"model": "fake-model", "prompt": flow_prompt(tag), "max_tokens": 4}
 
 
 def tag(seen: dict) -> str:

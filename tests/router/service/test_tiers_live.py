@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from traces.fleet import router as start_router
-from traces.fleet import sim_workers
+from traces.fleet import scrape, sim_workers
 
 GPU_TOKENS = 4096  # 8 blocks of 512
 CPU_TOKENS = 65536
@@ -60,12 +59,10 @@ def test_a_prefix_off_the_gpu_comes_back_from_the_cpu_tier_as_the_router_expecte
         assert tier["estimate_tokens"] == tier["reported_tokens"]  # the shadow knew
         assert tier["abs_error_tokens"] == 0
 
-        text = httpx.get(router.url + "/metrics", timeout=10).text
         ratios = {
             s.labels["shadow"]: s.value
-            for family in text_string_to_metric_families(text)
-            if family.name == "cache_router_shadow_error_ratio"
-            for s in family.samples
+            for s in scrape(router.url)
+            if s.name == "cache_router_shadow_error_ratio"
         }
         assert ratios["cpu_tier"] == 0.0 and ratios["gpu_tier"] == 0.0
 
