@@ -142,6 +142,10 @@ class WorkerState:
             hit = index.estimate(tokens, len(tokens) // 4)
             if hit is not None:
                 return hit * self.radix_token_weight
+        return self._shadow_hit(blocks, tokens)
+
+    def _shadow_hit(self, blocks: Sequence[int], tokens: bytes | None) -> int:
+        """The ``shadow`` one's estimate: the radix tree's given tokens, else the LRU's."""
         if self.shadow == "radix" and self.radix is not None and tokens is not None:
             return self.radix.prefix_length(tokens) * self.radix_token_weight
         return self.blocks.estimate_cache_hit(blocks)
@@ -153,8 +157,8 @@ class WorkerState:
 
     def estimate_tiers(self, blocks: Sequence[int], tokens: bytes | None = None) -> tuple[int, int]:
         """(GPU hit, CPU-tier hit) in tokens: the CPU-tier hit is what the worker would load
-        after its GPU prefix (whole blocks the CPU shadow holds, consecutively); 0 without a
-        tier shadow."""
+        after its GPU prefix (:meth:`cpu_after`); 0 without a tier shadow. A KV-event index's
+        hit is split as the GPU shadow expects it (:func:`split_by_shadow`)."""
         if self.exact is not None:
             return self.exact(blocks)
         gpu = self.estimate_cache_hit(blocks, tokens)
@@ -162,11 +166,7 @@ class WorkerState:
         index = self.kv_index
         if self.cpu is None or index is None or not index.synced or tokens is None:
             return gpu, cpu
-        if self.shadow == "radix" and self.radix is not None:
-            shadow = self.radix.prefix_length(tokens) * self.radix_token_weight
-        else:
-            shadow = self.blocks.estimate_cache_hit(blocks)
-        return split_by_shadow(gpu, cpu, shadow)
+        return split_by_shadow(gpu, cpu, self._shadow_hit(blocks, tokens))
 
     def cpu_after(self, blocks: Sequence[int], gpu_hit: int, tokens: bytes | None = None) -> int:
         """Tokens past a GPU hit of ``gpu_hit`` that the CPU tier holds: as its KV events
