@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.base import RequestFeatures
-from policies.hits import UNHEALTHY, estimate_hits
+from policies.hits import UNHEALTHY, estimate_tier_hits
 
 PRIORITY_HEADER = "x-priority"
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
@@ -325,15 +325,16 @@ def predicted_ttft(
 ) -> Prediction:
     """The least predicted TTFT over the healthy workers in ``views``: the prefill queued
     there (what is left of it at ``now``, when the view can tell) plus the request's own
-    uncached prefill, at the worker's learned rate (``default_rate`` for views without one).
+    uncached prefill, at the worker's learned rate (``default_rate`` for views without one),
+    plus the load of what it finds in the worker's CPU KV tier (as the ttft picker prices it).
     A pure function of the workers' state. ``kv_limit`` > 0: a worker whose booked KV plus
     the prompt passes that fraction of its capacity is full; ``kv_full`` when every one is.
     Raises :class:`~policies.base.NoHealthyWorker` when none is healthy."""
-    hits, _ = estimate_hits(features, views)
+    hits, loads, _ = estimate_tier_hits(features, views)
     length = features.input_length
     best = own = math.inf
     full = True
-    for view, hit in zip(views, hits, strict=True):
+    for i, (view, hit) in enumerate(zip(views, hits, strict=True)):
         if hit == UNHEALTHY:
             continue
         rate_of = getattr(view, "rate", None)
@@ -345,7 +346,7 @@ def predicted_ttft(
         if pending is None:
             pending = view.pending_prefill_tokens
         uncached = length - hit if length > hit else 0
-        ttft = (max(pending, 0) + uncached) / rate
+        ttft = (max(pending, 0) + uncached) / rate + (loads[i] if loads else 0.0)
         if ttft < best:
             best = ttft
         if uncached / rate < own:

@@ -194,6 +194,26 @@ def test_predicted_ttft_is_the_best_workers_queue_plus_own_uncached_prefill():
         predicted_ttft(features(10), [View(healthy=False)], 1000.0)
 
 
+@dataclass
+class TieredView(View):
+    """A worker whose CPU KV tier the router reads (WorkerState's tier interface)."""
+
+    cpu_hit: int = 0
+    kv_load_s_per_token: float = 0.0
+    tiered: bool = True
+
+    def estimate_tiers(self, blocks, tokens=None) -> tuple[int, int]:
+        return self.hit, self.cpu_hit
+
+
+def test_predicted_ttft_counts_a_cpu_tier_hit_at_its_load_time():
+    views = [TieredView(cpu_hit=800, kv_load_s_per_token=0.0001), View(pending_prefill_tokens=0)]
+    p = predicted_ttft(features(1000), views, default_rate=1000.0)
+    # the first: 200 tokens to prefill (0.2 s) and 800 to load (0.08 s); the second: 1 s
+    assert p.ttft_s == pytest.approx(0.28)
+    assert p.own_s == pytest.approx(0.2)
+
+
 def test_a_prompt_too_long_for_the_target_goes_once_a_worker_is_free():
     alone = Prediction(ttft_s=5.0, own_s=5.0)
     assert not saturated(alone, 2.0)
