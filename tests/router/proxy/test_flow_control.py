@@ -153,6 +153,20 @@ def test_off_by_default_no_queue_and_no_flow_metrics(fake_workers, router_server
     assert httpx.get(router.url + "/workers/flow", timeout=5).json() == {"enabled": False}
 
 
+def test_on_with_its_defaults_an_idle_fleet_serves_at_once(fake_workers, router_server):
+    """``--flow-control`` alone, as the docs ship it: the 2 s target, nothing queued on an
+    idle fleet, the dispatch counted by band and flow."""
+    (worker,) = fake_workers(1)
+    router = router_server(workers=[worker.url], flow_control=True)
+    for name in ("a", "b"):
+        answer = httpx.post(router.url + "/v1/completions", json=body(name), timeout=5)
+        assert answer.status_code == 200
+    flow = httpx.get(router.url + "/workers/flow", timeout=5).json()
+    assert flow["target_ttft_s"] == 2.0 and flow["queued"] == 0
+    assert flow["dispatched"] == {"0": {"default": 2}} and flow["rejected"] == {}
+    assert settled(router)
+
+
 def test_flags_of_serve_and_epp():
     from router.cli import build_parser
     from router.service.command import settings_from_args
