@@ -16,6 +16,10 @@ between (``POST /reset_prefix_cache``), a fresh ``cache-router serve`` per confi
   --kv-events --kv-events-connect`` (the KV-event index, the workers binding their
   publishers).
 
+Every router runs the GPU shadow ``--shadow`` (radix): its split of a hit between the tiers
+is right only when the shadow evicts as the worker does, and the sim workers' radix cache
+evicts whole leaves (SGLang's rule; ``blocks`` evicts block by block, tail first, as vLLM).
+
 Every router gets the workers' capacities and, like ``sweep``, their time scale
 (:func:`traces.fleet.time_scaled_router_args`: the prefill prior times it, ttft's times
 divided by it); the load bandwidth it prices is ``--kv-load-gbps`` times the time scale too
@@ -130,7 +134,7 @@ def router_args(cfg: Config, workers: list[str], args: argparse.Namespace, port:
     out += ["--cpu-kv-capacity-tokens", str(args.cpu_kv_capacity_tokens)]
     # the workers load at kv_load_gbps of modelled time: speedup times that a real second
     out += ["--kv-load-gbps", repr(args.kv_load_gbps * args.speedup)]
-    out += ["--router-tiers", cfg.tiers, "--log-level", "warning"]
+    out += ["--router-tiers", cfg.tiers, "--shadow", args.shadow, "--log-level", "warning"]
     out += time_scaled_router_args(cfg.policy, args.speedup)
     if cfg.kv_events:
         out += ["--kv-events", "--kv-events-connect"]
@@ -256,7 +260,8 @@ def run_offline(args: argparse.Namespace, configs: list[Config]) -> list[dict]:
     rows = []
     for cfg in configs:
         config = SimConfig(workers=args.workers, worker=worker, pacing="session",
-                           router_tiers=cfg.tiers, kv_events=cfg.kv_events)  # fmt: skip
+                           router_tiers=cfg.tiers, kv_events=cfg.kv_events,
+                           shadow=args.shadow)  # fmt: skip
         s = simulate(trace, make_sim_picker(cfg.policy), config, cfg.key).summary()
         hit, cpu = s["hit_rate"], s.get("cpu_hit_rate", 0.0)
         rows.append(
@@ -277,7 +282,8 @@ def run_offline(args: argparse.Namespace, configs: list[Config]) -> list[dict]:
         # index then sees an eviction made at the very step boundary a session's next turn
         # is dispatched at; any delay, even 1 ms, hides it)
         config = SimConfig(workers=args.workers, worker=worker, pacing="session",
-                           router_tiers="on", kv_events=True, kv_event_delay_s=0.0)  # fmt: skip
+                           router_tiers="on", kv_events=True, kv_event_delay_s=0.0,
+                           shadow=args.shadow)  # fmt: skip
         s = simulate(trace, make_sim_picker("ttft"), config, "d0").summary()
         rows.append(
             {
@@ -422,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="first N requests only (quick runs)")  # fmt: skip
     p.add_argument("--prompt-mode", choices=("tokens", "text"), default="tokens")
     p.add_argument("--configs", default="a,b,c,d", help="of a,b,c,d")
+    p.add_argument(
+        "--shadow", choices=("radix", "blocks"), default="radix",
+        help="the router's GPU shadow, which splits a hit by tier: radix evicts whole leaves, "
+        "as the sim workers' radix cache does (SGLang's rule); blocks evicts block by block "
+        "(vLLM's rule)",
+    )  # fmt: skip
     p.add_argument("--out", default="bench/results/live_tiers.json")
     p.add_argument("--md", default="out/live_tiers.md")
     p.add_argument("--runs", default="out/live_tiers", help="replay results and router logs")
@@ -449,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         "router_kv_load_gbps": args.kv_load_gbps * args.speedup,
         "max_output_tokens": args.max_output_tokens,
         "prompt_mode": args.prompt_mode,
+        "shadow": args.shadow,
         "wall_s": time.perf_counter() - started,
         "live": live,
         "offline": offline,

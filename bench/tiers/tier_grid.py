@@ -62,10 +62,10 @@ CELLS = (
 )
 
 
-def run_cell(cell: tuple, worker: WorkerModelConfig) -> dict:
+def run_cell(cell: tuple, worker: WorkerModelConfig, shadow: str = "blocks") -> dict:
     name, path, pacing, workers, speedup = cell
     trace = load_trace(str(path))
-    base = SimConfig(workers=workers, worker=worker, pacing=pacing, speedup=speedup)
+    base = SimConfig(workers=workers, worker=worker, pacing=pacing, speedup=speedup, shadow=shadow)
     rows = {}
     for policy, tiers in ROWS:
         config = replace(base, router_tiers=tiers)
@@ -83,6 +83,7 @@ def run_cell(cell: tuple, worker: WorkerModelConfig) -> dict:
         "workers": workers,
         "speedup": speedup,
         "pacing": pacing,
+        "shadow": shadow,
         "rows": rows,
         "on_over_off_p90": on / off if off else None,
         "share_of_exact_gain": (off - on) / gain_exact if gain_exact > 0 else None,
@@ -119,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one cell per trace")
     p.add_argument("--cpu-x", type=float, default=4.0, help="CPU tier / GPU KV")
     p.add_argument("--kv-load-gbps", type=float, default=20.0)
+    p.add_argument(
+        "--shadow", choices=("blocks", "radix"), default="blocks",
+        help="the router's GPU shadow (radix: evicts whole leaves, as the worker model does)",
+    )  # fmt: skip
     p.add_argument("--out", default="bench/results/tier_grid.json")
     p.add_argument("--md", default="out/tier_grid.md")
     args = p.parse_args(argv)
@@ -131,8 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         seen: set[str] = set()
         cells = [c for c in cells if not (c[0] in seen or seen.add(c[0]))]
     with ProcessPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(run_cell, cells, [worker] * len(cells)))
-    out = {"cpu_x": args.cpu_x, "kv_load_gbps": args.kv_load_gbps, "cells": results}
+        results = list(pool.map(run_cell, cells, [worker] * len(cells), [args.shadow] * len(cells)))
+    out = {
+        "cpu_x": args.cpu_x,
+        "kv_load_gbps": args.kv_load_gbps,
+        "shadow": args.shadow,
+        "cells": results,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     md = markdown(results)

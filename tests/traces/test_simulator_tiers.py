@@ -67,6 +67,19 @@ def test_tier_aware_router_estimates_the_cpu_part(runs):
     assert off["shadow_abs_error_cpu"] == pytest.approx(off["cpu_hit_rate"])
 
 
+def test_a_shadow_that_evicts_as_the_worker_splits_the_tiers_right(sample, runs):
+    """The worker model's GPU radix cache evicts whole leaves; the radix shadow does too, the
+    block LRU evicts block by block, so it believes in GPU blocks the worker has moved to
+    its CPU tier (the total of both tiers is the same)."""
+    radix = simulate(
+        sample, make_picker("ttft"), replace(CONFIG, router_tiers="on", shadow="radix")
+    ).summary()
+    blocks = runs["on"].summary()
+    assert radix["shadow_abs_error_cpu"] < 0.002
+    assert radix["shadow_abs_error_cpu"] < blocks["shadow_abs_error_cpu"] / 5
+    assert radix["hit_rate"] == pytest.approx(blocks["hit_rate"], abs=0.02)
+
+
 def test_router_tier_states(sample):
     states = make_worker_states(CONFIG)
     assert all(s.tiered and s.cpu.capacity_blocks == 4 * GPU // 512 for s in states)
