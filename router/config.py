@@ -100,8 +100,17 @@ class Settings(BaseSettings):
         "(vLLM's OffloadingConnector, LMCache's CPU backend); the router keeps a shadow of it "
         "and the ttft picker prices a prefix found there at its load time (0: no tier)",
     )
+    worker_cpu_kv_capacity_tokens: dict[str, int] = Field(
+        default_factory=dict,
+        description="per-worker CPU KV tier override: URL=TOKENS (0: that worker has none); "
+        "a vLLM worker that reports kv_offloading_size in vllm:cache_config_info is sized "
+        "from it (with --shadow-capacity-from-worker)",
+    )
     kv_load_gbps: float = Field(
         20.0, gt=0, description="the workers' CPU tier to GPU KV load bandwidth, GB/s"
+    )
+    worker_kv_load_gbps: dict[str, float] = Field(
+        default_factory=dict, description="per-worker load bandwidth override: URL=GBPS"
     )
     kv_bytes_per_token: int = Field(
         131_072, gt=0, description="KV bytes of one token, all layers (default: an 8B model)"
@@ -450,9 +459,14 @@ class Settings(BaseSettings):
                 raise ValueError("a key must not be empty")
         return value
 
-    @field_validator("worker_kv_capacity_tokens", "bootstrap_ports")
+    @field_validator(
+        "worker_kv_capacity_tokens",
+        "worker_cpu_kv_capacity_tokens",
+        "worker_kv_load_gbps",
+        "bootstrap_ports",
+    )
     @classmethod
-    def _keyed_by_url(cls, value: dict[str, int]) -> dict[str, int]:
+    def _keyed_by_url(cls, value: dict[str, Any]) -> dict[str, Any]:
         return {normalize_url(url): number for url, number in value.items()}
 
     @model_validator(mode="after")
@@ -463,6 +477,12 @@ class Settings(BaseSettings):
         twice = sorted({url for url in roles if roles.count(url) > 1})
         if twice:
             raise ValueError(f"a worker has one role: {', '.join(twice)} given twice")
+        for url, tokens in self.worker_cpu_kv_capacity_tokens.items():
+            if tokens < 0:
+                raise ValueError(f"worker_cpu_kv_capacity_tokens: {url}={tokens} is negative")
+        for url, gbps in self.worker_kv_load_gbps.items():
+            if not gbps > 0:
+                raise ValueError(f"worker_kv_load_gbps: {url}={gbps} is not positive")
         for url, port in self.bootstrap_ports.items():
             if not 0 < port < 65536:
                 raise ValueError(f"bootstrap_ports: {url}={port} is not a port")
@@ -515,6 +535,15 @@ class Settings(BaseSettings):
     def capacity_for(self, url: str) -> int:
         """KV capacity (tokens) of the worker at ``url``."""
         return self.worker_kv_capacity_tokens.get(url, self.kv_capacity_tokens)
+
+    def cpu_capacity_for(self, url: str) -> int:
+        """CPU KV tier (tokens) of the worker at ``url`` (0: none)."""
+        return self.worker_cpu_kv_capacity_tokens.get(url, self.cpu_kv_capacity_tokens)
+
+    def kv_load_s_per_token(self, url: str) -> float:
+        """Seconds to load one token's KV from the CPU tier of the worker at ``url``."""
+        gbps = self.worker_kv_load_gbps.get(url, self.kv_load_gbps)
+        return self.kv_bytes_per_token / (gbps * 1e9)
 
     @classmethod
     def settings_customise_sources(

@@ -70,6 +70,9 @@ class Worker:
     # the shadows are sized to the capacity the worker's own /metrics report (not a guess), so
     # the report-driven capacity correction (router/cache/feedback.py) leaves them alone
     capacity_reported: bool = False
+    # its CPU KV tier in tokens (0: none), from the flags or, once reported, its /metrics
+    cpu_capacity_tokens: int = 0
+    cpu_capacity_reported: bool = False
     stats: WorkerStats = field(default_factory=WorkerStats)
     truth: WorkerTruth = field(default_factory=WorkerTruth)  # its /metrics (worker_metrics.py)
     kv_events: Any = None  # its KVEventSubscriber (kv_events.py) in precise mode
@@ -134,6 +137,8 @@ class Worker:
             "cpu_tier": None
             if state.cpu is None
             else {
+                "capacity_tokens": self.cpu_capacity_tokens,
+                "capacity_reported": self.cpu_capacity_reported,
                 "shadow_blocks": len(state.cpu),
                 "shadow_capacity_blocks": state.cpu.capacity_blocks,
                 "load_s_per_token": state.kv_load_s_per_token,
@@ -249,17 +254,15 @@ class WorkerPool:
             kv_index=KVIndex() if s.kv_events else None,
             rate=PrefillRate(s.prefill_tokens_per_s),
         )
-        if s.cpu_kv_capacity_tokens:
-            state.kv_load_s_per_token = s.kv_bytes_per_token / (s.kv_load_gbps * 1e9)
-            if s.router_tiers == "on":
-                cpu_blocks = max(1, s.cpu_kv_capacity_tokens // s.block_size)
-                state.cpu = BlockLRU(cpu_blocks, s.block_size)
+        cpu_tokens = s.cpu_capacity_for(url)
+        self._size_cpu_tier(state, cpu_tokens)
         worker = Worker(
             url=url,
             state=state,
             upstream=UpstreamPool(url, s.connect_timeout_s),
             capacity_tokens=tokens,
             capacity_blocks=blocks,
+            cpu_capacity_tokens=cpu_tokens,
             role=role,
         )
         if role == PREFILL:
@@ -367,6 +370,31 @@ class WorkerPool:
             if tree.total_tokens > tokens and tree.evictable_tokens:
                 tree.evict(min(tree.evictable_tokens, tree.total_tokens - tokens))
         log.info("worker %s: shadows sized to its KV capacity, %d tokens", worker.url, tokens)
+
+    def resize_cpu(self, worker: Worker, tokens: int) -> None:
+        """Size ``worker``'s CPU-tier shadow to ``tokens``, the tier its ``/metrics`` report:
+        made if it had none, its oldest blocks dropped if it shrinks."""
+        if worker.cpu_capacity_reported and tokens == worker.cpu_capacity_tokens:
+            return
+        worker.cpu_capacity_tokens, worker.cpu_capacity_reported = tokens, True
+        self._size_cpu_tier(worker.state, tokens)
+        log.info("worker %s: CPU tier shadow sized to its report, %d tokens", worker.url, tokens)
+
+    def _size_cpu_tier(self, state: WorkerState, tokens: int) -> None:
+        """The CPU-tier shadow of ``tokens`` (kept, resized, made or dropped) and the load
+        time the pickers price it at; no shadow with ``--router-tiers off``."""
+        s = self.settings
+        if tokens <= 0:
+            state.cpu, state.kv_load_s_per_token = None, 0.0
+            return
+        state.kv_load_s_per_token = s.kv_load_s_per_token(state.name)
+        if s.router_tiers != "on":
+            return
+        blocks = max(1, tokens // s.block_size)
+        if state.cpu is None:
+            state.cpu = BlockLRU(blocks, s.block_size)
+        else:
+            state.cpu.resize(blocks)
 
     def close(self) -> None:
         for worker in self.workers:

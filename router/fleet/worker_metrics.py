@@ -3,7 +3,8 @@
 :class:`~router.fleet.worker_truth.WorkerTruth` (what is read, and why:
 :mod:`router.fleet.worker_truth`). With ``shadow_capacity_from_worker`` the pool resizes the
 worker's shadows to the KV capacity it reports (:meth:`router.fleet.pool.WorkerPool.resize`)
-instead of the configured guess.
+instead of the configured guess, and its CPU-tier shadow to the offloading size it reports
+(:meth:`~router.fleet.pool.WorkerPool.resize_cpu`, at ``kv_bytes_per_token``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class WorkerMetricsScraper:
             and not worker.removed
         ):
             self.pool.resize(worker, capacity)
+        cpu_bytes = reading.cpu_kv_bytes
+        if self.size_shadows and cpu_bytes and not worker.removed:
+            self.pool.resize_cpu(worker, cpu_bytes // self.pool.settings.kv_bytes_per_token)
         return True
 
     async def scrape_all(self) -> None:

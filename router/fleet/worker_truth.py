@@ -10,7 +10,9 @@ The router's shadows are estimates; the workers count the real thing. The scrape
 - ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``: its real queue;
 - ``vllm:kv_cache_usage_perc``: fraction of KV blocks in use (0..1);
 - ``vllm:cache_config_info{block_size, num_gpu_blocks}``: its KV capacity, ``block_size *
-  num_gpu_blocks`` tokens;
+  num_gpu_blocks`` tokens; ``kv_offloading_size``: its CPU KV tier in GiB (vLLM's
+  ``--kv-offloading-size``, for the native OffloadingConnector or LMCache; the info metric
+  carries every CacheConfig field; "None" without one);
 - ``vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}``: its
   LoRA slots and the adapters running and waiting (comma-separated names). The value is the
   time of the update and every label set ever set stays exported, so the newest one counts.
@@ -34,6 +36,7 @@ so the whole path is tested without vLLM; tests/integration runs it against real
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +74,7 @@ class WorkerReading:
     kv_cache_usage: float | None = None
     block_size: int | None = None
     num_gpu_blocks: int | None = None
+    cpu_kv_bytes: int | None = None  # its CPU KV tier (vLLM's kv_offloading_size)
     engine: str | None = None  # "vllm" or "sglang", from the names it exports
     pool_tokens: int | None = None  # SGLang's KV pool in tokens
     cache_hit_rate: float | None = None  # SGLang's own gauge (versions without counters)
@@ -93,6 +97,14 @@ def _int_label(labels: dict[str, str], name: str) -> int | None:
     except ValueError:
         return None  # "None" before the engine has sized its cache
     return value if value > 0 else None
+
+
+def _float_label(labels: dict[str, str], name: str) -> float | None:
+    try:
+        value = float(labels.get(name, ""))
+    except ValueError:
+        return None  # "None": not set
+    return value if value > 0 and math.isfinite(value) else None
 
 
 def _names(labels: dict[str, str], name: str) -> frozenset[str]:
@@ -129,6 +141,9 @@ def parse_worker_metrics(text: str) -> WorkerReading:
                 blocks = _int_label(sample.labels, "num_gpu_blocks")
                 if blocks is not None:
                     reading.num_gpu_blocks = (reading.num_gpu_blocks or 0) + blocks
+                gib = _float_label(sample.labels, "kv_offloading_size")
+                if gib is not None:
+                    reading.cpu_kv_bytes = (reading.cpu_kv_bytes or 0) + int(gib * 2**30)
             elif name in FAMILIES:
                 sums[name] = sums.get(name, 0.0) + sample.value
     mean = {name: sum(v) / len(v) for name, v in means.items()}
@@ -207,6 +222,7 @@ class WorkerTruth:
             "block_size": r.block_size,
             "num_gpu_blocks": r.num_gpu_blocks,
             "kv_capacity_tokens": r.capacity_tokens,
+            "cpu_kv_bytes": r.cpu_kv_bytes,
             "engine": r.engine,
             "max_lora": r.max_lora,
             "lora_running": sorted(r.lora_running),

@@ -110,3 +110,23 @@ def test_roles_of_a_disaggregated_fleet_parse_as_sglang_router_takes_them():
         load_settings(prefill_workers=["9000", "x:1"])
     with pytest.raises(ValueError, match="unknown picker"):
         load_settings(decode_policy="nope")
+
+
+def test_per_worker_cpu_tier_and_bandwidth() -> None:
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--worker", "a:1", "b:2",
+            "--cpu-kv-capacity-tokens", "4096",
+            "--worker-cpu-kv-capacity", "a:1=0",
+            "--worker-kv-load-gbps", "http://b:2=50",
+        ]
+    )  # fmt: skip
+    s = settings_from_args(args)
+    assert s.cpu_capacity_for("http://a:1") == 0 and s.cpu_capacity_for("http://b:2") == 4096
+    assert s.kv_load_s_per_token("http://a:1") == pytest.approx(131_072 / 20e9)
+    assert s.kv_load_s_per_token("http://b:2") == pytest.approx(131_072 / 50e9)
+    with pytest.raises(ValueError, match="is negative"):
+        Settings(worker_cpu_kv_capacity_tokens={"http://a:1": -1})
+    with pytest.raises(ValueError, match="not positive"):
+        Settings(worker_kv_load_gbps={"http://a:1": 0})

@@ -320,10 +320,23 @@ class VllmCollector(Collector):
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"],
+            labels=[
+                "block_size",
+                "num_gpu_blocks",
+                "enable_prefix_caching",
+                "kv_offloading_size",
+                "kv_offloading_backend",
+                "engine",
+            ],
         )
-        blocks = str(model.config.capacity_blocks)
-        info.add_metric([str(BLOCK_TOKENS), blocks, "True", "0"], 1.0)
+        config = model.config
+        # the CPU tier as vLLM's --kv-offloading-size states it: GiB, "None" without one
+        cpu_bytes = config.cpu_kv_capacity_tokens * config.kv_bytes_per_token
+        offloading = repr(cpu_bytes / 2**30) if cpu_bytes else "None"
+        info.add_metric(
+            [str(BLOCK_TOKENS), str(config.capacity_blocks), "True", offloading, "native", "0"],
+            1.0,
+        )
         yield info
 
 

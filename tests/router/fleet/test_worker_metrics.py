@@ -45,6 +45,16 @@ def test_parse_real_vllm_page() -> None:
     assert 0 < (reading.prefix_cache_hits or 0) <= reading.prefix_cache_queries
     assert reading.running == 0 and reading.waiting == 0
     assert reading.kv_cache_usage is not None and 0 <= reading.kv_cache_usage <= 1
+    assert reading.cpu_kv_bytes is None  # kv_offloading_size="None": no CPU tier
+
+
+def test_parse_the_cpu_tier_vllm_states_in_gib() -> None:
+    tiered = page(100, 40, 10).replace(
+        'enable_prefix_caching="True"', 'enable_prefix_caching="True",kv_offloading_size="2.5"'
+    )
+    assert parse_worker_metrics(tiered).cpu_kv_bytes == 5 * 2**29
+    for bad in ("None", "0.0", "-1", "nan", "inf"):
+        assert parse_worker_metrics(tiered.replace('"2.5"', f'"{bad}"')).cpu_kv_bytes is None
 
 
 def test_parse_sums_engines_and_ignores_lookalikes() -> None:

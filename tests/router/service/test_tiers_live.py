@@ -8,6 +8,8 @@ router keeps no such shadow.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -81,3 +83,41 @@ def test_router_tiers_off_keeps_no_cpu_shadow(worker: list) -> None:
         # the GPU shadow believed the prefix gone: its estimate missed the reloaded tokens
         acc = listed["accuracy"]
         assert acc["blocks_abs_error_tokens"] >= again["cpu_cached_tokens"]
+
+
+def test_the_cpu_tier_is_sized_from_what_the_worker_reports(worker: list) -> None:
+    """No --cpu-kv-capacity-tokens: the router reads the tier from the worker's
+    vllm:cache_config_info kv_offloading_size (GiB, at --kv-bytes-per-token), as a vLLM worker
+    started with --kv-offloading-size states it, and prices reloads from it."""
+    url = worker[0].url
+    httpx.post(url + "/reset_prefix_cache", timeout=10).raise_for_status()
+    args = ["--kv-capacity-tokens", str(GPU_TOKENS), "--worker-metrics-interval-s", "0.1"]
+    with start_router([url], "ttft", [*args, "--log-level", "warning"]) as router:
+
+        def tier() -> dict | None:
+            return httpx.get(router.url + "/workers", timeout=10).json()[0]["cpu_tier"]
+
+        deadline = time.monotonic() + 10
+        while tier() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sized = tier()
+        assert sized is not None, "the worker's reported CPU tier never reached the router"
+        assert sized["capacity_tokens"] == CPU_TOKENS and sized["capacity_reported"]
+        assert sized["shadow_capacity_blocks"] == CPU_TOKENS // 512
+        assert sized["load_s_per_token"] == pytest.approx(131_072 / 20e9)
+        complete(router.url, SESSION + "turn 1")
+        push_off_the_gpu(router.url)
+        again = complete(router.url, SESSION + "turn 2")["prompt_tokens_details"]
+        assert again["cpu_cached_tokens"] > 0
+        assert tier()["estimate_tokens"] == tier()["reported_tokens"]  # the shadow knew
+
+
+def test_per_worker_flags_size_each_tier(worker: list) -> None:
+    url = worker[0].url
+    args = ["--worker-metrics-interval-s", "0", "--worker-cpu-kv-capacity", f"{url}=8192"]
+    args += ["--worker-kv-load-gbps", f"{url}=40", "--log-level", "warning"]
+    with start_router([url], "ttft", args) as router:
+        sized = httpx.get(router.url + "/workers", timeout=10).json()[0]["cpu_tier"]
+    assert sized["capacity_tokens"] == 8192 and not sized["capacity_reported"]
+    assert sized["shadow_capacity_blocks"] == 16
+    assert sized["load_s_per_token"] == pytest.approx(131_072 / 40e9)

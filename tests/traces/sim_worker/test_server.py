@@ -251,8 +251,11 @@ def test_metrics_agree_with_responses(server: Server) -> None:
     assert delta("vllm:request_success_total{finished_reason=length}") == 5
     assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
     assert after["vllm:kv_cache_usage_perc"] == 0  # idle: cached blocks are free, as in vLLM
-    info = f"vllm:cache_config_info{{block_size=512,enable_prefix_caching=True,num_gpu_blocks={CAPACITY // 512}}}"  # noqa: E501
-    assert after[info] == 1
+    info = (
+        "vllm:cache_config_info{block_size=512,enable_prefix_caching=True,"
+        f"kv_offloading_backend=native,kv_offloading_size=None,num_gpu_blocks={CAPACITY // 512}}}"
+    )
+    assert after[info] == 1  # no CPU tier: kv_offloading_size unset, as vLLM exports it
 
 
 def test_running_request_shows_in_metrics_and_blocks_reset(server: Server) -> None:
