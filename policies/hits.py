@@ -36,11 +36,11 @@ def estimate_hits(request: RequestFeatures, workers: Sequence[WorkerView]) -> tu
     return hits, best
 
 
-def estimate_tier_hits(
+def estimate_tier_split(
     request: RequestFeatures, workers: Sequence[WorkerView]
-) -> tuple[list[int], list[float] | None, int]:
-    """:func:`estimate_hits` counting what a worker would load from its CPU KV tier as a hit,
-    and the seconds each load takes (None when no view shows a tier: the plain hits).
+) -> tuple[list[int], list[int], int]:
+    """Per worker, its GPU hit (``UNHEALTHY`` for unhealthy ones) and what it would load from
+    its CPU KV tier after it (0 without a tier), one estimate each; and the best GPU hit.
 
     A view shows a tier with ``tiered`` true, ``estimate_tiers(blocks, tokens)`` giving its
     (GPU hit, CPU-tier hit) and ``kv_load_s_per_token``
@@ -48,26 +48,37 @@ def estimate_tier_hits(
     """
     if not any(getattr(w, "tiered", False) for w in workers):
         hits, best = estimate_hits(request, workers)
-        return hits, None, best
+        return hits, [0] * len(hits), best
     blocks, tokens = request.blocks, request.tokens
-    hits: list[int] = []
-    loads: list[float] = []
+    gpu_hits: list[int] = []
+    cpu_hits: list[int] = []
     best = UNHEALTHY
     for worker in workers:
-        load = 0.0
+        cpu = 0
         if not worker.healthy:
             hit = UNHEALTHY
         elif getattr(worker, "tiered", False):
             hit, cpu = worker.estimate_tiers(blocks, tokens)
-            if cpu:
-                hit += cpu
-                load = cpu * worker.kv_load_s_per_token
         else:
             hit = worker.estimate_cache_hit(blocks, tokens)
-        if hit > best:
-            best = hit
-        hits.append(hit)
-        loads.append(load)
+        best = max(best, hit)
+        gpu_hits.append(hit)
+        cpu_hits.append(cpu)
     if best == UNHEALTHY:
         raise NoHealthyWorker(f"no healthy worker among {len(workers)}")
-    return hits, loads, best
+    return gpu_hits, cpu_hits, best
+
+
+def estimate_tier_hits(
+    request: RequestFeatures, workers: Sequence[WorkerView]
+) -> tuple[list[int], list[float] | None, int]:
+    """:func:`estimate_tier_split` counting what a worker would load from its CPU KV tier as
+    a hit, and the seconds each load takes (None when no view shows a tier: the plain hits)."""
+    gpu_hits, cpu_hits, best = estimate_tier_split(request, workers)
+    if not any(getattr(w, "tiered", False) for w in workers):
+        return gpu_hits, None, best
+    hits = [g + c if g != UNHEALTHY else g for g, c in zip(gpu_hits, cpu_hits, strict=True)]
+    loads = [
+        c * w.kv_load_s_per_token if c else 0.0 for c, w in zip(cpu_hits, workers, strict=True)
+    ]
+    return hits, loads, max(hits)

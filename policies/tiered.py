@@ -25,7 +25,7 @@ import random
 from collections.abc import Sequence
 
 from policies.base import Pick, RequestFeatures, WorkerView
-from policies.hits import UNHEALTHY, estimate_hits
+from policies.hits import UNHEALTHY, estimate_tier_split
 from policies.peer_views import active_blocks, new_active_blocks
 
 HOST_CREDIT = 0.8
@@ -52,20 +52,20 @@ class TieredPicker:
         self._rng = random.Random(seed)
 
     def costs(
-        self, request: RequestFeatures, workers: Sequence[WorkerView], hits: Sequence[int]
+        self,
+        request: RequestFeatures,
+        workers: Sequence[WorkerView],
+        hits: Sequence[int],
+        cpu_hits: Sequence[int],
     ) -> list[float]:
-        """Each worker's cost (inf for unhealthy ones); ``hits`` the GPU hits."""
+        """Each worker's cost (inf for unhealthy ones) from its GPU and CPU-tier hits."""
         size = request.block_size
         length = request.input_length
         costs = []
-        for i, view in enumerate(workers):
-            gpu = hits[i]
+        for view, gpu, cpu in zip(workers, hits, cpu_hits, strict=True):
             if gpu == UNHEALTHY:
                 costs.append(float("inf"))
                 continue
-            cpu = 0
-            if getattr(view, "tiered", False):
-                gpu, cpu = view.estimate_tiers(request.blocks, request.tokens)
             credit = (gpu + self.host_credit * cpu) / size
             prefill = view.pending_prefill_tokens / size + max(length / size - credit, 0.0)
             decode = active_blocks(view) + new_active_blocks(view, request.blocks)
@@ -73,8 +73,8 @@ class TieredPicker:
         return costs
 
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
-        hits, best_hit = estimate_hits(request, workers)
-        costs = self.costs(request, workers, hits)
+        hits, cpu_hits, best_hit = estimate_tier_split(request, workers)
+        costs = self.costs(request, workers, hits, cpu_hits)
         low = min(costs)
         tied = [i for i, cost in enumerate(costs) if cost == low]
         chosen = tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from policies.base import NoHealthyWorker, RequestFeatures
+from policies.hits import estimate_tier_split
 from policies.registry import PICKER_NAMES, make_picker, picker_params
 from policies.tiered import HOST_CREDIT, TieredPicker
 from router.cache.block_lru import BlockLRU
@@ -37,8 +38,8 @@ def _request(blocks, input_length=None) -> RequestFeatures:
 
 
 def _costs(picker: TieredPicker, request: RequestFeatures, fleet) -> list[float]:
-    hits = [w.estimate_cache_hit(request.blocks) for w in fleet]
-    return picker.costs(request, fleet, hits)
+    hits, cpu_hits, _ = estimate_tier_split(request, fleet)
+    return picker.costs(request, fleet, hits, cpu_hits)
 
 
 def test_costs_by_hand():
