@@ -76,12 +76,24 @@ def capacity_document(
         "trace": dict(trace_info),
         "fleet": dict(fleet),
         "slos": [str(s) for s in slos],
+        "slos_below_bound": below_bound(slos, bounds.as_dict()),
         "grid": asdict(grid),
         "rate_per_load": {"rps": rps, "prompt_tokens_per_s": tps},
         "bounds": bounds.as_dict(),
         "wall_seconds": wall_seconds,
         "policies": policies,
     }
+
+
+def below_bound(slos: Sequence[SLO], bounds: Mapping[str, Any]) -> list[str]:
+    """The TTFT SLOs no router can meet at any load: below the percentile of the bound with
+    the fleet's parallelism (traces/bounds.py; p50, p90 and p99 only)."""
+    out = []
+    for slo in slos:
+        bound = bounds.get(f"ttft_fleet_p{slo.percentile:g}") if slo.metric == "ttft" else None
+        if bound is not None and bound > slo.seconds:
+            out.append(f"{slo} (bound {bound:.3f} s)")
+    return out
 
 
 def capacity_table(document: Mapping[str, Any]) -> str:
@@ -127,8 +139,17 @@ def describe(document: Mapping[str, Any]) -> str:
         f"trace speedup at which every SLO holds (below the first that fails). bound: the "
         f"load ceiling (the fleet's prefill rate filled at the hit ceiling, Belady on the "
         f"pooled {b['pooled_kv_tokens']:,} KV tokens: {b['hit_ceiling']:.1%}); TTFT floors "
-        f"p50/p90/p99 {b['ttft_p50']:.3f}/{b['ttft_p90']:.3f}/{b['ttft_p99']:.3f} s."
+        f"p50/p90/p99 {b['ttft_p50']:.3f}/{b['ttft_p90']:.3f}/{b['ttft_p99']:.3f} s, with "
+        f"the fleet's parallelism (simultaneous arrivals share the workers) "
+        f"{b['ttft_fleet_p50']:.3f}/{b['ttft_fleet_p90']:.3f}/{b['ttft_fleet_p99']:.3f} s."
+        + _below(document.get("slos_below_bound", []))
     )
+
+
+def _below(slos: Sequence[str]) -> str:
+    if not slos:
+        return ""
+    return f" No router meets {', '.join(slos)} at any load: the SLO is below the bound."
 
 
 def write_capacity(document: Mapping[str, Any], out_dir: Path, plots: bool) -> list[Path]:
@@ -171,6 +192,9 @@ def write_capacity_plots(document: Mapping[str, Any], out_dir: Path) -> list[Pat
         top.axhline(float(limit), color="black", ls="--", lw=1, label=f"SLO {slo}")
         if bounds.get(key) is not None:
             top.axhline(bounds[key], color="grey", ls="-.", lw=1, label=f"{key} floor")
+        fleet = bounds.get(key.replace("ttft_", "ttft_fleet_"))
+        if key.startswith("ttft_") and fleet is not None:
+            top.axhline(fleet, color="grey", ls=":", lw=1, label=f"{key} bound, fleet")
         if bounds["load_ceiling"] is not None:
             for ax in (top, bottom):
                 ax.axvline(bounds["load_ceiling"], color="red", ls="--", lw=1)

@@ -156,8 +156,13 @@ def bounds_note(bounds: Mapping[str, float]) -> str:
         else f"{bounds['load_ceiling']:.2f}x the trace ({bounds['load_ceiling_rps']:.2f} req/s, "
         f"{bounds['load_ceiling_tokens_per_s']:,.0f} prompt tokens/s)"
     )
+    fleet = "/".join(
+        "-" if bounds.get(f"ttft_fleet_p{q}") is None else f"{bounds[f'ttft_fleet_p{q}']:.3f}"
+        for q in (50, 90, 99)
+    )
     return (
-        f"bound: TTFT floors (infinite caches, no queue), hit ceiling {bounds['hit_ceiling']:.1%} "
+        f"bound: TTFT floors (infinite caches, no queue; with the fleet's parallelism for "
+        f"simultaneous arrivals, p50/p90/p99 {fleet} s), hit ceiling {bounds['hit_ceiling']:.1%} "
         f"(Belady on the pooled {bounds['pooled_kv_tokens']:,} KV tokens; never evicting: "
         f"{bounds['infinite_hit_ceiling']:.1%}), load ceiling {load}"
     )

@@ -11,6 +11,7 @@ import pytest
 
 from router.cli import main
 from traces.capacity import SLO, Grid, Point, parse_slo, search_capacity, slos_hold, summarize
+from traces.capacity_report import below_bound
 
 P90 = SLO("ttft", 90, 2.0)
 
@@ -180,3 +181,12 @@ def test_capacity_live(tmp_path: Path, data: Path) -> None:
     assert entry["capacity"] == 1.0 and entry["censored"] and entry["evaluations"] == 1
     point = entry["curve"][0]
     assert point["errors"] == 0 and point["requests"] == 30 and point["hit_rate"] is not None
+
+
+def test_an_slo_below_the_fleet_bound_is_named() -> None:
+    """ttft_p90=4 on a fleet whose bound reads 4.77 s at p90: no router meets it at any load;
+    5 s, p99 (bound 26 s) and e2e are not judged against a p90 bound."""
+    bounds = {"ttft_fleet_p50": 0.24, "ttft_fleet_p90": 4.77, "ttft_fleet_p99": 26.1}
+    slos = [parse_slo(t) for t in ("ttft_p90=4", "ttft_p90=5", "ttft_p99=30", "e2e_p90=1")]
+    assert below_bound(slos, bounds) == ["ttft_p90=4 (bound 4.770 s)"]
+    assert below_bound([parse_slo("ttft_p95=1")], bounds) == []  # no bound at p95
