@@ -153,8 +153,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--no-hit-gap",
         action="store_true",
-        help="skip the hit gap's split into causes (traces/hit_gap.py), which records every "
-        "missed block's whereabouts and adds about as much time again per policy",
+        help="skip the hit gap's split into causes (traces/hit_gap.py), which records where "
+        "every missed block was and adds about a quarter to each policy's simulation",
     )
     add_flow_options(p)
     p.set_defaults(func=_main)
