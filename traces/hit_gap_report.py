@@ -4,7 +4,8 @@ results.json: every policy gets ``hit_gap`` (:meth:`traces.hit_gap.HitGap.as_dic
 tokens and each as a ``*_rate`` fraction of them) when its run recorded block states. The
 table shows them in points of prompt tokens: the hit rate, the ceiling, the gap and its parts
 (``hit + parts - beyond ceiling = ceiling``), then the pooled LRU's hit rate and the
-duplicated and recomputed work, which are outside that sum.
+duplicated and recomputed work, which are outside that sum. ``capacity`` reads the gap at each
+evaluated load as flat metrics (:func:`gap_metrics`) and shows it at each policy's capacity.
 """
 
 from __future__ import annotations
@@ -63,3 +64,21 @@ def hit_gap_note() -> str:
         "duplicated / recomputed: prompt tokens computed while another worker held them / "
         "that some worker had computed before (outside the sum)"
     )
+
+
+GAP_METRICS = ("gap", "elsewhere", "in_flight", "evicted")
+"""The gap's metrics per evaluated load in ``capacity`` (``gap_*``, fractions of prompt
+tokens): the gap, the prefix elsewhere, in flight (prefilling or queued), evicted (both
+kinds); the residual and beyond ceiling are the rest."""
+
+
+def gap_metrics(gap: HitGap) -> dict[str, float]:
+    """``gap``'s :data:`GAP_METRICS` as ``gap_<name>`` fractions of prompt tokens."""
+    prompt = max(1, gap.prompt_tokens)
+    parts = {
+        "gap": gap.gap,
+        "elsewhere": gap.elsewhere,
+        "in_flight": gap.prefilling + gap.queued,
+        "evicted": gap.evicted_lru + gap.evicted_split,
+    }
+    return {f"gap_{k}": v / prompt for k, v in parts.items()}

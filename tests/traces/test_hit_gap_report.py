@@ -1,4 +1,5 @@
-"""``simulate``'s hit-gap report (traces/hit_gap_report.py): results.json, the table, the flag."""
+"""The hit-gap report (traces/hit_gap_report.py): ``simulate``'s results.json, table and flag,
+and ``capacity``'s gap at capacity."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from router.cli import build_parser
+from router.cli import build_parser, main
+from traces.capacity_report import capacity_table
 from traces.formats import load_trace
 from traces.hit_gap import PARTS
-from traces.hit_gap_report import COLUMNS, hit_gap_table
+from traces.hit_gap_report import COLUMNS, GAP_METRICS, hit_gap_table
 from traces.simulate import run_and_report
 
 SAMPLE = str(Path(__file__).parents[2] / "traces" / "data" / "weka_agentic_sample.jsonl")
@@ -49,3 +51,27 @@ def test_no_hit_gap_leaves_it_out(tmp_path: Path) -> None:
     assert all("hit_gap" not in e for e in document["policies"].values())
     assert hit_gap_table(document) == ""
     assert "points of prompt tokens" not in (tmp_path / "results.md").read_text()
+
+
+def test_capacity_shows_the_gap_at_capacity(tmp_path: Path) -> None:
+    """Offline, every evaluated load carries the gap's split, and the table shows it at each
+    policy's capacity (the simulate run at that load gives the same); --no-hit-gap: as before."""
+    argv = ["capacity", "--trace", SAMPLE, "--workers", "4", "--kv-capacity-tokens", "1000000",
+            "--policies", "ttft,round_robin", "--slo", "ttft_p90=15", "--grid-factor", "2",
+            "--tolerance", "0.2", "--no-plots"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "on")]) == 0
+    document = json.loads((tmp_path / "on" / "capacity.json").read_text())
+    table = capacity_table(document)
+    assert table.splitlines()[0].count("|") == 15 and "| in flight |" in table
+    for entry in document["policies"].values():
+        gap = entry["hit_gap_at_capacity"]
+        at = next(p for p in entry["curve"] if p["load"] == entry["capacity"])
+        assert gap == {k: at[k] for k in gap} and set(gap) == {f"gap_{k}" for k in GAP_METRICS}
+        assert gap["gap_elsewhere"] + gap["gap_in_flight"] + gap["gap_evicted"] == pytest.approx(
+            gap["gap_gap"]
+        )  # open loop: no residual, nothing beyond the ceiling
+        assert gap["gap_gap"] == pytest.approx(document["bounds"]["hit_ceiling"] - at["hit_rate"])
+    assert main([*argv, "--out", str(tmp_path / "off"), "--no-hit-gap"]) == 0
+    plain = json.loads((tmp_path / "off" / "capacity.json").read_text())
+    assert all(e["hit_gap_at_capacity"] is None for e in plain["policies"].values())
+    assert "in flight" not in capacity_table(plain)
