@@ -13,9 +13,9 @@ ceiling tokens less its policy tokens. Per request:
   - **elsewhere** (``ELSEWHERE``): another worker held it, prefilled: routing sent the
     request away from its prefix, which is computed again on a second worker;
   - **in flight, prefilling** (``PREFILLING``): another worker held it only as part of a
-    request still prefilling there: the request came while its prefix was being computed.
-    (The worker model caches a prompt's blocks at admission, before its prefill, so on the
-    *same* worker such a request hits, and this cause is always a second worker's.);
+    request still prefilling there: the request came while its prefix was being computed
+    (the worker model caches a prompt's blocks at admission, before its prefill, so on the
+    *same* worker such a request hits: this cause is always a second worker's);
   - **in flight, queued** (``QUEUED``): no worker had cached it yet; the request that brings
     it waited in a worker's queue (the ceiling credits a block from its request's arrival);
   - **evicted** (``EVICTED``): cached before, evicted from every worker since. Split by a
@@ -30,8 +30,9 @@ ceiling tokens less its policy tokens. Per request:
     queue, refused), or the request was never admitted. Reported, not hidden.
 
 - ``p > c``: the blocks ``[c, p)`` are hits the policy got and the ceiling's run did not
-  (Belady gave them up to keep blocks used more often later, or a request's admission came
-  after what its arrival could see): **beyond ceiling**, which the gap's sum subtracts.
+  (Belady gave them up to keep blocks used more often later, or session pacing sent the
+  request after a later one that brought its prefix): **beyond ceiling**, which the gap's sum
+  subtracts.
 
 So ``hit + elsewhere + prefilling + queued + evicted_lru + evicted_split + residual -
 beyond_ceiling = ceiling``, token for token. Two more lines, outside that sum, count the
