@@ -191,6 +191,11 @@ def belady_hits(trace: Sequence[TraceRequest], capacity_blocks: int) -> np.ndarr
     return hits
 
 
+def pooled_blocks(workers: int, worker: WorkerModelConfig) -> int:
+    """The hit ceiling's one cache: every worker's KV blocks, both tiers."""
+    return workers * (worker.capacity_blocks + worker.cpu_capacity_blocks)
+
+
 def trace_bounds(trace: Sequence[TraceRequest], workers: int, worker: WorkerModelConfig) -> Bounds:
     """The bounds of ``trace`` on ``workers`` workers of ``worker`` (module docstring)."""
     inputs = np.fromiter((r.input_length for r in trace), dtype=np.int64, count=len(trace))
@@ -200,7 +205,7 @@ def trace_bounds(trace: Sequence[TraceRequest], workers: int, worker: WorkerMode
     pct = [float(np.percentile(floors, q)) if len(floors) else 0.0 for q in PERCENTILES]
     fleet = fleet_floors(trace, floors, workers)
     fleet_pct = [float(np.percentile(fleet, q)) if len(fleet) else 0.0 for q in PERCENTILES]
-    capacity = workers * (worker.capacity_blocks + worker.cpu_capacity_blocks)
+    capacity = pooled_blocks(workers, worker)
     hits = belady_hits(trace, capacity)
     blocks = sum(len(r.blocks) for r in trace)
     hit = float(hit_tokens(trace, hits).sum()) / prompt

@@ -7,7 +7,9 @@ bisection near the knee (traces/capacity.py). One parsed trace serves every load
 is a fresh fleet, as ``simulate`` runs it, with ``simulate``'s worker-model and fleet options.
 The report sets each policy against the best other one, against ``round_robin`` and against
 the trace's bounds on that fleet (traces/bounds.py), and writes every evaluated load's
-TTFT percentiles and hit rate (capacity.json) and one plot per SLO.
+TTFT percentiles and hit rate (capacity.json) and one plot per SLO. Offline, each load's hit
+gap is split into its causes too (traces/hit_gap.py; ``--no-hit-gap`` skips it), and the
+table shows the split at each policy's capacity.
 
 ``--live`` evaluates each load as ``sweep`` does instead: one router per (policy, load) in
 front of sim workers started for it (``--workers`` of them, the worker-model options, running
@@ -34,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from traces import sweep
-from traces.bounds import Bounds
+from traces.bounds import Bounds, pooled_blocks
 from traces.cap import build_capped_trace
 from traces.capacity import (
     SLO,
@@ -48,6 +50,8 @@ from traces.capacity import (
 )
 from traces.capacity_report import capacity_document, capacity_table, write_capacity
 from traces.formats import load_trace
+from traces.hit_gap import CeilingHits
+from traces.hit_gap_report import gap_metrics
 from traces.record import TraceRequest
 from traces.simulate import (
     add_simulation_options,
@@ -123,10 +127,16 @@ def run_offline(
     if job.policy == "capped":
         trace = build_capped_trace(trace, job.max_turns)
 
+    config = job.config
+    ceilings = CeilingHits(pooled_blocks(config.workers, config.worker))
+
     def evaluate(load: float) -> Metrics:
         picker = make_sim_picker(job.policy, job.seed)
-        run = simulate(trace, picker, replace(job.config, speedup=load), job.policy)
-        return run_metrics(run, job.slos)
+        run = simulate(trace, picker, replace(config, speedup=load), job.policy)
+        metrics = run_metrics(run, job.slos)
+        if run.block_states is not None:  # config.hit_gap: the gap's split at this load
+            metrics |= gap_metrics(ceilings.gap(trace, run.block_states))
+        return metrics
 
     return search(job, evaluate, on_point)
 
@@ -267,6 +277,8 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
     if len(trace) < 2:
         raise ValueError("a capacity search needs a trace of at least 2 requests")
     config = config_from_args(args)
+    if not config.disaggregated and not args.live and not args.no_hit_gap:
+        config = replace(config, hit_gap=True)
     if config.pacing != "open":
         raise ValueError(
             "capacity needs --pacing open: session-paced, a fleet that falls behind slows its "
@@ -370,6 +382,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="out/capacity", help="directory for results and plots")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--no-hit-gap",
+        action="store_true",
+        help="offline: skip the hit gap's split at each load (traces/hit_gap.py), about a "
+        "quarter of each simulation",
+    )
     p.set_defaults(func=_main)
 
 

@@ -7,8 +7,8 @@ capacity.json:
      "wall_seconds": s,
      "policies": {NAME: {"capacity", "capacity_rps", "capacity_tokens_per_s", "first_fail",
                          "monotone", "holds_again", "censored", "hit_rate_at_capacity",
-                         "x_best_other", "x_round_robin", "x_bound", "evaluations",
-                         "wall_seconds",
+                         "hit_gap_at_capacity", "x_best_other", "x_round_robin", "x_bound",
+                         "evaluations", "wall_seconds",
                          "curve": [{"load", "rps", "tokens_per_s", "holds", "ttft_p50",
                                     "ttft_p90", "ttft_p99", "e2e_p50", ..., "hit_rate"}]}}}
 
@@ -16,6 +16,9 @@ Loads are trace speedups; ``rps`` and ``tokens_per_s`` what a load offers (reque
 prompt tokens over the sped-up span). ``capacity`` is None when no load held (down to the
 grid's bottom); ``censored`` when none failed (the capacity is at least the grid's top).
 ``x_bound`` is the capacity over the load ceiling (``bounds``, traces/bounds.py).
+``hit_gap_at_capacity`` (offline, unless ``--no-hit-gap``; else None) is the hit gap's split at
+the capacity, ``gap_gap``, ``gap_elsewhere``, ``gap_in_flight``, ``gap_evicted`` as fractions
+of prompt tokens (traces/hit_gap_report.py), and every curve point carries the same keys.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def capacity_document(
             "holds_again": result.holds_again,
             "censored": result.censored,
             "hit_rate_at_capacity": at.metrics.get("hit_rate") if at is not None else None,
+            "hit_gap_at_capacity": _gap_at(at),
             "evaluations": len(result.points),
             "wall_seconds": seconds,
             "curve": [_curve_point(p, rps, tps) for p in result.curve()],
@@ -98,10 +102,14 @@ def below_bound(slos: Sequence[SLO], bounds: Mapping[str, Any]) -> list[str]:
 
 def capacity_table(document: Mapping[str, Any]) -> str:
     """One row per policy, then the bound (the load ceiling and the hit ceiling)."""
+    gaps = any(e.get("hit_gap_at_capacity") for e in document["policies"].values())
+    gap_headers = "".join(f" {h} |" for h in GAP_HEADERS) if gaps else ""
     rows = [
         "| policy | capacity (x trace) | req/s | prompt tok/s | x best other | x round_robin "
-        "| x bound | hit rate at capacity | first fail | monotone |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| x bound | hit rate at capacity |" + gap_headers + " first fail | monotone |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|"
+        + "---:|" * (len(GAP_HEADERS) * gaps)
+        + "---:|---|",
     ]
     for name, e in document["policies"].items():
         capacity = e["capacity"]
@@ -117,16 +125,26 @@ def capacity_table(document: Mapping[str, Any]) -> str:
             f"| {name} | {shown} | {_fmt(e['capacity_rps'], '{:.2f}')} "
             f"| {_fmt(e['capacity_tokens_per_s'], '{:,.0f}')} | {_fmt(e['x_best_other'])} "
             f"| {_fmt(e['x_round_robin'])} | {_fmt(e['x_bound'])} "
-            f"| {_fmt(e['hit_rate_at_capacity'], '{:.1%}')} | {_fmt(e['first_fail'], '{:.3f}')} "
-            f"| {monotone} |"
+            f"| {_fmt(e['hit_rate_at_capacity'], '{:.1%}')} |{_gap_cells(e) if gaps else ''}"
+            f" {_fmt(e['first_fail'], '{:.3f}')} | {monotone} |"
         )
     b = document["bounds"]
     rows.append(
         f"| bound | {_fmt(b['load_ceiling'], '{:.3f}')} | {_fmt(b['load_ceiling_rps'], '{:.2f}')} "
         f"| {_fmt(b['load_ceiling_tokens_per_s'], '{:,.0f}')} | | | 1.00 "
-        f"| {b['hit_ceiling']:.1%} (ceiling) | | |"
+        f"| {b['hit_ceiling']:.1%} (ceiling) |" + " |" * (len(GAP_HEADERS) * gaps) + " | |"
     )
     return "\n".join(rows)
+
+
+GAP_HEADERS = ("gap pts", "elsewhere", "in flight", "evicted")
+"""The hit gap at capacity, points of prompt tokens (traces/hit_gap_report.py's GAP_METRICS)."""
+
+
+def _gap_cells(entry: Mapping[str, Any]) -> str:
+    gap = entry.get("hit_gap_at_capacity") or {}
+    keys = ("gap_gap", "gap_elsewhere", "gap_in_flight", "gap_evicted")
+    return "".join(f" {_fmt(gap.get(k), '{:.2f}', 100)} |" for k in keys)
 
 
 def describe(document: Mapping[str, Any]) -> str:
@@ -229,6 +247,14 @@ def _finite(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
 
 
+def _gap_at(point: Point | None) -> dict[str, float] | None:
+    """The hit gap's metrics at ``point`` (offline runs with the split), else None."""
+    if point is None:
+        return None
+    gap = {k: v for k, v in point.metrics.items() if k.startswith("gap_")}
+    return gap or None
+
+
 def _times(load: float | None, per_load: float) -> float | None:
     return None if load is None else load * per_load
 
@@ -237,5 +263,5 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b and math.isfinite(b) else None
 
 
-def _fmt(value: float | None, fmt: str = "{:.2f}") -> str:
-    return "" if value is None else fmt.format(value)
+def _fmt(value: float | None, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
+    return "" if value is None else fmt.format(value * scale)

@@ -19,7 +19,9 @@ the oracle's), and the table a "x oracle" column after each TTFT column.
 the TTFT floors' percentiles, the hit ceiling, the load ceiling); every policy then gets
 ``hit_rate_x_bound`` (its hit rate over the ceiling) and ``ttft_p50_x_bound``,
 ``ttft_p90_x_bound``, ``ttft_p99_x_bound`` (its percentile over the floor's), and the table
-an "x bound" column beside each and a last row, ``bound``.
+an "x bound" column beside each and a last row, ``bound``. ``simulate`` then splits each
+policy's gap to the hit ceiling into its causes: ``hit_gap`` per policy and a second table
+(traces/hit_gap_report.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from traces.hit_gap_report import hit_gap_note, hit_gap_table
 from traces.oracle import ORACLE
 from traces.simulator import PolicyRun
 
@@ -144,6 +147,7 @@ def write_results(document: Mapping[str, Any], out_dir: Path) -> list[Path]:
         f"{document['workers']} workers, {trace.get('requests', '?')} requests.\n\n"
         f"{markdown_table(document)}\n"
         + (f"\n{bounds_note(document['bounds'])}\n" if "bounds" in document else "")
+        + (f"\n{gap}\n\n{hit_gap_note()}\n" if (gap := hit_gap_table(document)) else "")
     )
     return [json_path, md_path]
 

@@ -72,6 +72,7 @@ from router.core.flow_queue import (
     saturated,
 )
 from traces import kv_transfer
+from traces.miss_causes import FleetLedger
 from traces.pacing import Pacing, predecessors, release_time
 from traces.record import BLOCK_TOKENS, TraceRequest
 from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
@@ -173,6 +174,9 @@ class SimConfig:
     # the TTFT a request must meet to count in goodput (reported when the trace has tenants
     # or priorities, or with flow control)
     slo_ttft_s: float = 2.0
+    # record where each missed prompt block was at admission (traces/miss_causes.py), for the
+    # hit gap's split (traces/hit_gap.py); not on a disaggregated fleet
+    hit_gap: bool = False
 
     def __post_init__(self) -> None:
         if self.router_tiers not in ROUTER_TIERS:
@@ -241,6 +245,9 @@ class PolicyRun:
     priority: np.ndarray | None = None
     tenant: np.ndarray | None = None
     slo_ttft_s: float = 2.0
+    # SimConfig.hit_gap: each prompt block's state at its request's admission, flat in trace
+    # order (traces/miss_causes.py); None otherwise
+    block_states: np.ndarray | None = None
 
     def latencies(self) -> dict[str, np.ndarray]:
         """Each request's TTFT and end-to-end time, and the TPOT of those that decode."""
@@ -500,6 +507,7 @@ def simulate(
             for _ in decode_states
         ]
         models += disagg.decode_models
+    ledger = FleetLedger(trace, models) if config.hit_gap and disagg is None else None
     if config.router_tiers == "exact":
         for state, model in zip(all_states, models, strict=True):
             read_exactly(state, model)
@@ -733,6 +741,8 @@ def simulate(
         lora_swaps=sum(m.stats.lora_swaps for m in models),
         slo_ttft_s=config.slo_ttft_s,
     )
+    if ledger is not None:
+        run.block_states = ledger.states
     if config.worker.cpu_kv_capacity_tokens > 0:
         run.cpu_cached, run.cpu_estimated = cpu_cached, cpu_estimated
     if flow is not None or any(r.priority or r.tenant is not None for r in trace):

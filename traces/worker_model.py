@@ -63,7 +63,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -248,6 +248,18 @@ OnFirstToken = Callable[[SimRequest, float], None]
 OnFinish = Callable[[SimRequest, float], None]
 
 
+class ModelObserver(Protocol):
+    """Sees a worker model's requests arrive, take their cached prefix and end their prefill
+    (the hit-gap ledger, :mod:`traces.miss_causes`, reads the fleet's caches then)."""
+
+    def submitted(self, req: SimRequest) -> None: ...
+
+    def admitted(self, req: SimRequest, hit_blocks: int) -> None:
+        """``req`` is admitted with its first ``hit_blocks`` blocks cached (either tier)."""
+
+    def prefilled(self, req: SimRequest) -> None: ...
+
+
 class WorkerModel:
     """One worker: a waiting queue, a running batch and a radix KV cache of blocks.
 
@@ -276,6 +288,7 @@ class WorkerModel:
         self.link_free_at = 0.0  # the host to GPU link is busy with earlier loads until then
         self.on_first_token = on_first_token or (lambda r, t: None)
         self.on_finish = on_finish or (lambda r, t: None)
+        self.observer: ModelObserver | None = None
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: deque[SimRequest] = deque()  # admitted, prefill not done
         self.decoding: list[tuple[int, int, SimRequest]] = []  # heap by finish_at
@@ -383,6 +396,8 @@ class WorkerModel:
         if request.adapter is not None:  # its blocks live in the adapter's own cache
             request.blocks = tuple(adapter_blocks(request.blocks, request.adapter))
         self.waiting.append(request)
+        if self.observer is not None:
+            self.observer.submitted(request)
         if self.next_event is None or (
             self._span_steps == 0 and not self._prefill_plan and self.next_event > now
         ):  # idle, or only waiting for a load to end: start a step right away
@@ -414,6 +429,8 @@ class WorkerModel:
             self._finish(heapq.heappop(self.decoding)[2], now)
         for req in finished_prefill:
             self.prefilling.remove(req)
+            if self.observer is not None:
+                self.observer.prefilled(req)
             self._store_cpu(req)
             req.first_token_time = now
             self.on_first_token(req, now)
@@ -484,6 +501,8 @@ class WorkerModel:
             stats.prompt_tokens += req.input_length
             stats.cached_tokens += req.cached_tokens
             stats.cpu_cached_tokens += req.cpu_cached_tokens
+            if self.observer is not None:
+                self.observer.admitted(req, hit_blocks + loaded)
             self.prefilling.append(req)
         if skipped:  # back at the head, in their order (vLLM's skipped_waiting_requests)
             waiting.extendleft(reversed(skipped))
