@@ -11,6 +11,7 @@ are bench-only (requirements/bench-peers.txt), installed into a venv of their ow
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -84,3 +85,21 @@ def peer_router(
         yield service
     finally:
         service.stop()
+
+
+DISTRIBUTIONS = {"smg": "smg", "vllm-router": "vllm-router"}
+
+
+def peer_version(kind: str, binary: str) -> str | None:
+    """The installed version of peer ``kind``: its distribution's version as the Python
+    beside ``binary`` reports it (the wheels' console scripts live in their venv's bin/)."""
+    python = Path(binary).parent / "python"
+    if not python.exists():
+        return None
+    code = f"import importlib.metadata as m; print(m.version({DISTRIBUTIONS[kind]!r}))"
+    try:
+        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
