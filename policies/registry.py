@@ -30,6 +30,7 @@ from policies.sticky import StickyPicker
 from policies.tiered import TieredPicker
 from policies.ttft import TTFTPicker
 from policies.unified import UnifiedPicker
+from policies.vllm_router import VLLMRouterCacheAwarePicker
 
 PICKERS: dict[str, Callable[..., Picker]] = {
     cls.name: cls
@@ -51,6 +52,7 @@ PICKERS: dict[str, Callable[..., Picker]] = {
         SMGCacheAwarePicker,
         AIBrixPicker,
         TieredPicker,
+        VLLMRouterCacheAwarePicker,
     )
 }
 

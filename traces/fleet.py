@@ -76,10 +76,18 @@ def start_service(name: str, args: Sequence[str], port: int, ready_path: str = "
     nobody reads fills up after 64 KB of log lines and then blocks the process).
     """
     cmd = [sys.executable, "-m", "router.cli", *args]
+    return start_program(name, cmd, port, ready_path, timeout_s, log_file, host)
+
+
+def start_program(name: str, cmd: Sequence[str], port: int, ready_path: str = "/health",
+                  timeout_s: float = 60.0, log_file: str | None = None,
+                  host: str = HOST) -> Service:  # fmt: skip
+    """Run ``cmd`` (any program: a peer router's binary) and wait until ``ready_path``
+    answers 200 at ``host:port``, as :func:`start_service` does for ``cache-router``."""
     stderr = open(log_file, "ab") if log_file else subprocess.PIPE  # noqa: SIM115
     try:
         process = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ}
+            list(cmd), stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ}
         )
     finally:
         if log_file:

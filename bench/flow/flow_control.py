@@ -47,6 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "epp"))
+sys.path.insert(0, str(ROOT / "bench" / "peers"))
 
 from traces.assign import assign_tenants, parse_tenant_weights, tenant_name  # noqa: E402
 from traces.fleet import (  # noqa: E402
@@ -191,38 +192,31 @@ def smg_run(
     """SMG 1.13 (``--smg BINARY``) on the same workers and load: its priority scheduler
     (x-smg-priority: interactive / default), tenants from the fairness header, a concurrency
     bound with a queue (``--smg-max-concurrent``, ``--smg-queue-timeout-s`` real seconds:
-    its granularity), its cache_aware policy."""
-    from epp_bench import Procs, wait_http
+    its granularity), its cache_aware policy (bench/peers/peer_routers.py starts it)."""
+    from peer_routers import peer_router
 
     if not reset_caches(workers):
         raise RuntimeError("a worker refused POST /reset_prefix_cache")
-    procs = Procs()
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            port = free_port()
-            procs.start(
-                [args.smg, "launch", "--host", "127.0.0.1", "--port", str(port),
-                 "--worker-urls", *workers, "--policy", "cache_aware",
-                 "--priority-scheduler-enabled",
-                 "--priority-scheduler-default-max-class", "interactive",
-                 "--trust-tenant-header",
-                 "--tenant-header-name", "x-llm-d-inference-fairness-id",
-                 "--max-concurrent-requests", str(args.smg_max_concurrent),
-                 "--queue-size", "1024",
-                 "--queue-timeout-secs", str(args.smg_queue_timeout_s)],
-                Path(folder) / "smg.log",
-            )  # fmt: skip
-            url = f"http://127.0.0.1:{port}"
-            wait_http(url + "/health", 60)
-            cfg = ReplayConfig(
-                url=url, speedup=load * args.time_scale, max_output_tokens=args.max_output,
-                prompt_mode=args.prompt_mode, worker_urls=tuple(workers), model="sim-model",
-                priority_header="x-smg-priority", priority_names=SMG_PRIORITIES,
-            )  # fmt: skip
-            outcome = asyncio.run(replay(trace, cfg, "smg"))
-            result = summarize(trace, outcome, args.time_scale, args.slo)
-        finally:
-            procs.stop()
+    extra = [
+        "--priority-scheduler-enabled",
+        "--priority-scheduler-default-max-class", "interactive",
+        "--trust-tenant-header",
+        "--tenant-header-name", "x-llm-d-inference-fairness-id",
+        "--max-concurrent-requests", str(args.smg_max_concurrent),
+        "--queue-size", "1024",
+        "--queue-timeout-secs", str(args.smg_queue_timeout_s),
+    ]  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        peer_router("smg", args.smg, workers, "cache_aware", folder, extra) as smg,
+    ):
+        cfg = ReplayConfig(
+            url=smg.url, speedup=load * args.time_scale, max_output_tokens=args.max_output,
+            prompt_mode=args.prompt_mode, worker_urls=tuple(workers), model="sim-model",
+            priority_header="x-smg-priority", priority_names=SMG_PRIORITIES,
+        )  # fmt: skip
+        outcome = asyncio.run(replay(trace, cfg, "smg"))
+        result = summarize(trace, outcome, args.time_scale, args.slo)
     result["load"] = load
     result["router"] = "smg"
     print(json.dumps({k: result[k] for k in ("load", "statuses", "ttft_p90", "goodput_rps")}),

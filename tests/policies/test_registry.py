@@ -31,6 +31,7 @@ def test_names():
         "smg",
         "aibrix",
         "tiered",
+        "vllm_router",
     }
 
 

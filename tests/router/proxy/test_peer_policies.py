@@ -8,7 +8,7 @@ import httpx
 import pytest
 from conftest import wait_until
 
-PEERS = ("llmd", "llmd_precise", "dynamo", "smg", "aibrix")
+PEERS = ("llmd", "llmd_precise", "dynamo", "smg", "aibrix", "vllm_router")
 
 
 @pytest.mark.parametrize("policy", PEERS)

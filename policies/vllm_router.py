@@ -1,0 +1,106 @@
+"""vllm_router: vllm-router 0.1.17's ``cache_aware`` policy (vllm-project/router).
+
+vllm-router is a fork of SGLang's router, and its ``cache_aware`` keeps the classic flags
+(``--cache-threshold`` 0.3, ``--balance-abs-threshold`` 64, ``--balance-rel-threshold``
+1.5, ``--eviction-interval-secs`` 120, ``--max-tree-size``), but it is not
+:mod:`policies.sglang_cache_aware` (sgl-router 0.3.2): a miss goes to the least loaded
+worker, not to the smallest tree. Its source (``src/policies/cache_aware.rs``) says so in the
+code, though the file's header comment and the Python docstring still say "smallest tree";
+the 0.1.17 binary, probed on sim workers, sent 40 sequential misses (every worker idle, one
+tree 20,000 characters larger than the rest) all to one worker. The rule:
+
+1. Imbalance test on the router's in-flight counts over *all* workers (vllm-router folds
+   every worker's load, healthy or not): ``max - min > balance_abs_threshold`` (64) **and**
+   ``max > balance_rel_threshold * min`` (1.5): the least loaded healthy worker (first on
+   ties). Branch ``imbalance``.
+2. Otherwise the longest prefix match over the workers' trees, ``match rate = matched /
+   request length``; above ``cache_threshold`` (0.3), the holder of the deepest match.
+   Branch ``cache_match``.
+3. Otherwise the least loaded healthy worker (first on ties). Branch ``least_load``.
+4. The request is inserted into the chosen worker's tree at pick time.
+
+What we model and how (the trees, as in :mod:`policies.sglang_cache_aware`, whose class this
+one extends): per-worker trees of the request's tokens (or block keys), bounded by
+``max_tree_size`` characters per worker (vllm-router's default 2**25, half sgl-router's) at
+``chars_per_token`` (4), trimmed by age on insert (vllm-router trims every 120 s).
+
+Ties: vllm-router keeps one tree for all workers and answers a hit with the matched node's
+cached tenant, the worker that created the node; a miss's ``min_by_key`` over equal loads
+lands on one fixed worker (the probe's: the last of ``--worker-urls``). We take the first
+worker by index in both cases. The first request of a fleet is a miss, so the worker that
+takes the idle fleet's misses also creates the shared prefixes (a system prompt) that later
+hits follow: one fixed worker either way, here as there. Not modelled: the session map of the
+chat path (a ``/v1/chat/completions`` session key matched exactly; completions, which the
+benches send, go by prompt text), and the random pick when the model has no tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from policies.base import Pick, RequestFeatures, WorkerView
+from policies.hits import UNHEALTHY, estimate_hits
+from policies.sglang_cache_aware import (
+    BALANCE_ABS_THRESHOLD,
+    BALANCE_REL_THRESHOLD,
+    CACHE_THRESHOLD,
+    CHARS_PER_TOKEN,
+    SGLangCacheAwarePicker,
+    _tree_key,
+)
+from router.cache.block_hash import TOKEN_BYTES
+
+MAX_TREE_SIZE = 2**25
+"""Characters of prompt text vllm-router keeps per worker (its ``--max-tree-size``)."""
+
+
+class VLLMRouterCacheAwarePicker(SGLangCacheAwarePicker):
+    """Imbalanced: least loaded; else the deepest match above the threshold; else least
+    loaded."""
+
+    name = "vllm_router"
+
+    def __init__(
+        self,
+        *,
+        cache_threshold: float = CACHE_THRESHOLD,
+        balance_abs_threshold: int = BALANCE_ABS_THRESHOLD,
+        balance_rel_threshold: float = BALANCE_REL_THRESHOLD,
+        max_tree_size: int = MAX_TREE_SIZE,
+        chars_per_token: float = CHARS_PER_TOKEN,
+    ) -> None:
+        super().__init__(
+            cache_threshold=cache_threshold,
+            balance_abs_threshold=balance_abs_threshold,
+            balance_rel_threshold=balance_rel_threshold,
+            max_tree_size=max_tree_size,
+            chars_per_token=chars_per_token,
+        )
+
+    def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
+        hits, best_hit = estimate_hits(request, workers)
+        healthy = [i for i, hit in enumerate(hits) if hit != UNHEALTHY]
+        trees = self.trees(request, len(workers))
+        key = _tree_key(request)
+
+        all_loads = [w.num_requests for w in workers]  # every worker, as vllm-router folds them
+        max_load, min_load = max(all_loads), min(all_loads)
+        least = min(healthy, key=lambda i: (all_loads[i], i))
+        if (
+            max_load - min_load > self.balance_abs_threshold
+            and max_load > min_load * self.balance_rel_threshold
+        ):
+            chosen, branch = least, "imbalance"
+        else:
+            best_match, chosen = -1, -1
+            for i in healthy:
+                matched = trees[i].prefix_length(key)
+                if matched > best_match:
+                    best_match, chosen = matched, i
+            total = len(key) // TOKEN_BYTES
+            if total and best_match / total > self.cache_threshold:
+                branch = "cache_match"
+            else:
+                chosen, branch = least, "least_load"
+        trees[chosen].insert(key)
+        return Pick(chosen, branch, hits[chosen], best_hit)
