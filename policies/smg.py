@@ -32,6 +32,14 @@ one extends for its trees):
   8 of them by index (only a fleet of more than 8 holders can tell).
 - Not modelled (off by default in SMG): the KV-usage imbalance gate, the waiting-prefill
   overlap decay and selection temperature, the hash-index under-layer, the event-driven mode.
+- Not modelled either, though on by default in the 1.13 binary (its ``--help``): a warm-up
+  slice (a quarter of the misses to workers registered less than 60 s ago), one hit in 8
+  diverted to a thin worker, overload protection from its polled loads (8 waiting requests,
+  0.8 KV use), and a spill margin capped at "the in-flight count's natural swing at the
+  pool's current mean (two standard deviations, never under four)". Live
+  (bench/peers/peer_live.py, conversation sample, 3 runs) the binary's hit rate was 12.5%
+  against this model's 14.6%, and 15.4% with the warm-up and diversion off and its timers in
+  the workers' time (``smg:cache_aware:steady``).
 - Random ties draw from the picker's seeded generator (``seed``).
 """
 

@@ -29,7 +29,13 @@ cached tenant, the worker that created the node; a miss's ``min_by_key`` over eq
 lands on one fixed worker (the probe's: the last of ``--worker-urls``). We take the first
 worker by index in both cases. The first request of a fleet is a miss, so the worker that
 takes the idle fleet's misses also creates the shared prefixes (a system prompt) that later
-hits follow: one fixed worker either way, here as there. Not modelled: the session map of the
+hits follow: one fixed worker either way, here as there. Live (bench/peers/peer_live.py,
+conversation sample, 3 runs) the hit rates agree (14.5% against the binary's 15.2%), but the
+binary spread the requests evenly (216-278 of 1,000 a worker) where this model sent 365-398 to
+the first: the binary's character tree carries a match a character or two past a shared
+block into one holder's text, so prompts that match only a shared system prompt land on
+whichever holder shares those characters; the model matches whole 4-character groups and
+gives the tie to the first worker. Not modelled: the session map of the
 chat path (a ``/v1/chat/completions`` session key matched exactly; completions, which the
 benches send, go by prompt text), and the random pick when the model has no tree.
 """
