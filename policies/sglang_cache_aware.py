@@ -114,13 +114,14 @@ class SGLangCacheAwarePicker:
         trees = self.trees(request, len(workers))
         key = _tree_key(request)
 
-        loads = [workers[i].num_requests for i in healthy]
+        least = min(healthy, key=lambda i: (workers[i].num_requests, i))
+        loads = self.balance_loads(workers, healthy)
         max_load, min_load = max(loads), min(loads)
         if (
             max_load - min_load > self.balance_abs_threshold
             and max_load > min_load * self.balance_rel_threshold
         ):
-            chosen, branch = healthy[loads.index(min_load)], "imbalance"
+            chosen, branch = least, "imbalance"
         else:
             best_match, chosen = -1, -1
             for i in healthy:
@@ -131,10 +132,20 @@ class SGLangCacheAwarePicker:
             if total and best_match / total > self.cache_threshold:
                 branch = "cache_match"
             else:
-                sizes = [trees[i].total_tokens for i in healthy]
-                chosen, branch = healthy[sizes.index(min(sizes))], "smallest_tree"
+                chosen, branch = self.on_miss(healthy, trees, least)
         trees[chosen].insert(key)
         return Pick(chosen, branch, hits[chosen], best_hit)
+
+    @staticmethod
+    def balance_loads(workers: Sequence[WorkerView], healthy: list[int]) -> list[int]:
+        """The in-flight counts the imbalance test reads: the healthy workers'."""
+        return [workers[i].num_requests for i in healthy]
+
+    @staticmethod
+    def on_miss(healthy: list[int], trees: list[RadixTree], least: int) -> tuple[int, str]:
+        """Where a request no tree matches well enough goes: the smallest tree."""
+        sizes = [trees[i].total_tokens for i in healthy]
+        return healthy[sizes.index(min(sizes))], "smallest_tree"
 
 
 def _tree_key(request: RequestFeatures) -> bytes:

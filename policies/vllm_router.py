@@ -44,17 +44,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.base import Pick, RequestFeatures, WorkerView
-from policies.hits import UNHEALTHY, estimate_hits
+from policies.base import WorkerView
 from policies.sglang_cache_aware import (
     BALANCE_ABS_THRESHOLD,
     BALANCE_REL_THRESHOLD,
     CACHE_THRESHOLD,
     CHARS_PER_TOKEN,
     SGLangCacheAwarePicker,
-    _tree_key,
 )
-from router.cache.block_hash import TOKEN_BYTES
+from router.cache.radix_tree import RadixTree
 
 MAX_TREE_SIZE = 2**25
 """Characters of prompt text vllm-router keeps per worker (its ``--max-tree-size``)."""
@@ -83,30 +81,12 @@ class VLLMRouterCacheAwarePicker(SGLangCacheAwarePicker):
             chars_per_token=chars_per_token,
         )
 
-    def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
-        hits, best_hit = estimate_hits(request, workers)
-        healthy = [i for i, hit in enumerate(hits) if hit != UNHEALTHY]
-        trees = self.trees(request, len(workers))
-        key = _tree_key(request)
+    @staticmethod
+    def balance_loads(workers: Sequence[WorkerView], healthy: list[int]) -> list[int]:
+        """Every worker's in-flight count, as vllm-router folds them."""
+        return [w.num_requests for w in workers]
 
-        all_loads = [w.num_requests for w in workers]  # every worker, as vllm-router folds them
-        max_load, min_load = max(all_loads), min(all_loads)
-        least = min(healthy, key=lambda i: (all_loads[i], i))
-        if (
-            max_load - min_load > self.balance_abs_threshold
-            and max_load > min_load * self.balance_rel_threshold
-        ):
-            chosen, branch = least, "imbalance"
-        else:
-            best_match, chosen = -1, -1
-            for i in healthy:
-                matched = trees[i].prefix_length(key)
-                if matched > best_match:
-                    best_match, chosen = matched, i
-            total = len(key) // TOKEN_BYTES
-            if total and best_match / total > self.cache_threshold:
-                branch = "cache_match"
-            else:
-                chosen, branch = least, "least_load"
-        trees[chosen].insert(key)
-        return Pick(chosen, branch, hits[chosen], best_hit)
+    @staticmethod
+    def on_miss(healthy: list[int], trees: list[RadixTree], least: int) -> tuple[int, str]:
+        """A miss goes to the least loaded worker, not the smallest tree."""
+        return least, "least_load"
