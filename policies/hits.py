@@ -38,9 +38,10 @@ def estimate_hits(request: RequestFeatures, workers: Sequence[WorkerView]) -> tu
 
 def estimate_tier_split(
     request: RequestFeatures, workers: Sequence[WorkerView]
-) -> tuple[list[int], list[int], int]:
+) -> tuple[list[int], list[int] | None, int]:
     """Per worker, its GPU hit (``UNHEALTHY`` for unhealthy ones) and what it would load from
-    its CPU KV tier after it (0 without a tier), one estimate each; and the best GPU hit.
+    its CPU KV tier after it (0 without a tier; the list is None when no view shows a tier),
+    one estimate each; and the best GPU hit.
 
     A view shows a tier with ``tiered`` true, ``estimate_tiers(blocks, tokens)`` giving its
     (GPU hit, CPU-tier hit) and ``kv_load_s_per_token``
@@ -48,7 +49,7 @@ def estimate_tier_split(
     """
     if not any(getattr(w, "tiered", False) for w in workers):
         hits, best = estimate_hits(request, workers)
-        return hits, [0] * len(hits), best
+        return hits, None, best
     blocks, tokens = request.blocks, request.tokens
     gpu_hits: list[int] = []
     cpu_hits: list[int] = []
@@ -75,7 +76,7 @@ def estimate_tier_hits(
     """:func:`estimate_tier_split` counting what a worker would load from its CPU KV tier as
     a hit, and the seconds each load takes (None when no view shows a tier: the plain hits)."""
     gpu_hits, cpu_hits, best = estimate_tier_split(request, workers)
-    if not any(getattr(w, "tiered", False) for w in workers):
+    if cpu_hits is None:
         return gpu_hits, None, best
     hits = [g + c if g != UNHEALTHY else g for g, c in zip(gpu_hits, cpu_hits, strict=True)]
     loads = [

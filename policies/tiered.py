@@ -74,7 +74,7 @@ class TieredPicker:
 
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
         hits, cpu_hits, best_hit = estimate_tier_split(request, workers)
-        costs = self.costs(request, workers, hits, cpu_hits)
+        costs = self.costs(request, workers, hits, cpu_hits or [0] * len(hits))
         low = min(costs)
         tied = [i for i, cost in enumerate(costs) if cost == low]
         chosen = tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]

@@ -39,7 +39,7 @@ def _request(blocks, input_length=None) -> RequestFeatures:
 
 def _costs(picker: TieredPicker, request: RequestFeatures, fleet) -> list[float]:
     hits, cpu_hits, _ = estimate_tier_split(request, fleet)
-    return picker.costs(request, fleet, hits, cpu_hits)
+    return picker.costs(request, fleet, hits, cpu_hits or [0] * len(hits))
 
 
 def test_costs_by_hand():
