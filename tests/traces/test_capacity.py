@@ -152,6 +152,9 @@ def test_capacity_command_as_shipped(tmp_path: Path, data: Path) -> None:
     at = next(p for p in ttft["curve"] if p["load"] == ttft["capacity"])
     assert at["holds"] and at["ttft_p90"] <= 2
     assert ttft["capacity"] < ttft["first_fail"] <= document["bounds"]["load_ceiling"]
+    # the fleet's bound is below what the default reached, so the SLO is not named below it
+    assert document["bounds"]["ttft_fleet_p90"] <= at["ttft_p90"]
+    assert document["slos_below_bound"] == []
     assert (out / "capacity_ttft_p90.png").stat().st_size > 0
 
 

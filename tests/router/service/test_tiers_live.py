@@ -91,8 +91,8 @@ def test_the_cpu_tier_is_sized_from_what_the_worker_reports(worker: list) -> Non
     started with --kv-offloading-size states it, and prices reloads from it."""
     url = worker[0].url
     httpx.post(url + "/reset_prefix_cache", timeout=10).raise_for_status()
-    args = ["--kv-capacity-tokens", str(GPU_TOKENS), "--worker-metrics-interval-s", "0.1"]
-    with start_router([url], "ttft", [*args, "--log-level", "warning"]) as router:
+    args = ["--kv-capacity-tokens", str(GPU_TOKENS), "--log-level", "warning"]
+    with start_router([url], "ttft", args) as router:  # the scraper at its defaults
 
         def tier() -> dict | None:
             return httpx.get(router.url + "/workers", timeout=10).json()[0]["cpu_tier"]
