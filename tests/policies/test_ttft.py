@@ -419,3 +419,27 @@ def test_a_long_prefill_in_progress_on_the_sessions_worker_counts_what_is_left(r
     other.book(tick, now=6.0).finish()  # 5 s later: ~75k of the 102k done
     assert home.prefill_left(6.0) < 30_000 < home.pending_prefill_tokens
     assert picker.pick(nxt, [home, other]).branch == "affinity_stick"
+
+
+def test_a_request_that_fills_the_last_step_of_a_queue_pays_the_wait_it_adds(request_for):
+    """A chunked engine's step ends at a whole chunk while prefill is queued: a request sent
+    behind a queue that ends mid-chunk fills that step, and the queue's last request waits
+    for its tokens too (fill_i)."""
+    mid, whole = _state("mid", 1 << 22), _state("whole", 1 << 22)
+    picker = TTFTPicker(share_weight=0.0)  # fill_i alone on top of ttft_i
+    mid.book(request_for(tuple(range(100, 112))), now=0.0)  # 6144 tokens: 2048 of a chunk free
+    whole.book(request_for(tuple(range(200, 216))), now=0.0)  # 8192: ends at a whole chunk
+    assert mid.prefill_tail(CHUNK) == (2048, 1) and whole.prefill_tail(CHUNK) == (0, 0)
+    small = request_for((1, 2))  # 1024 tokens, all of them in the free part
+    costs = picker.costs(small, [mid, whole], [0, 0])
+
+    def alone(pending: int) -> float:
+        work = pending + 1024
+        return work / RATE + (work / CHUNK + 1.0) * (STEP + SEQ)
+
+    assert costs[0] == pytest.approx(alone(6144) + 1024 / RATE)
+    assert costs[1] == pytest.approx(alone(8192))
+    big = request_for(tuple(range(1, 11)))  # 5120 tokens: it fills the free 2048 at most
+    work = 6144 + 5120
+    expected = work / RATE + (work / CHUNK + 1.0) * (STEP + SEQ) + 2048 / RATE
+    assert picker.costs(big, [mid, whole], [0, 0])[0] == pytest.approx(expected)
