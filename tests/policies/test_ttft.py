@@ -443,3 +443,20 @@ def test_a_request_that_fills_the_last_step_of_a_queue_pays_the_wait_it_adds(req
     work = 6144 + 5120
     expected = work / RATE + (work / CHUNK + 1.0) * (STEP + SEQ) + 2048 / RATE
     assert picker.costs(big, [mid, whole], [0, 0])[0] == pytest.approx(expected)
+
+
+def test_a_session_pushed_out_is_charged_by_the_chance_that_it_comes_back(request_for):
+    """Only a session that sends another turn pays to recompute what was pushed out: the
+    charge is scaled by the share of turns the picker saw come from a known session."""
+    full, free = _state("full", 8 * 512), _state("free", 8 * 512)
+    full.footprint.touch("x", 2048, now=10.0)
+    full.footprint.touch("y", 2048, now=11.0)
+    free.footprint.touch("z", 0, now=11.0)
+    picker = TTFTPicker()
+    assert picker.return_rate == 1.0  # before any turn: every warm session comes back
+    for session in ("a", "b", "a", "c"):  # four turns, one of a session seen before
+        picker.pick(request_for((50, 51), session=session), [_state("w", 1 << 22)])
+    assert picker.return_rate == pytest.approx(0.25)
+    req = request_for((1, 2, 3, 4), session="new")
+    costs = picker.costs(req, [full, free], [0, 0])
+    assert costs[0] - costs[1] == pytest.approx(0.25 * 2048 / RATE)
