@@ -96,6 +96,11 @@ class WorkerState:
     # one's prefill began then at the latest)
     prefill_queue: deque[Booking] = field(default_factory=deque, repr=False)
     prefill_since: float = 0.0
+    # prefill tokens booked since the queue was last empty (the busy period): a chunked
+    # engine fills every step to its chunk while prefill is queued, so steps end at whole
+    # chunks of this stream, and the queue's last request ends at this offset
+    # (:meth:`prefill_tail`)
+    prefill_stream: int = 0
     # the worker's CPU KV tier: its shadow (write-through, as the worker's own: every booked
     # request's blocks), None when the router ignores the tier (``--router-tiers off``) or
     # the worker has none; seconds to load one token's KV from it
@@ -124,6 +129,33 @@ class WorkerState:
         if elapsed <= 0.0:
             return pending
         return pending - min(head.new_prefill, int(self.rate.tokens_per_s * elapsed))
+
+    def prefill_tail(self, chunk_tokens: int) -> tuple[int, int]:
+        """The last engine step of the queued prefill: ``(free, requests)``, the tokens of
+        it still free (a chunk less the queue's tokens in it; 0 when the queue is empty or
+        ends at a whole chunk) and the queued requests whose prefill ends in it.
+
+        A chunked-prefill engine (vLLM, SGLang) takes each step's ``chunk_tokens`` from the
+        queued requests in admission order, so a step is full while prefill is queued, and
+        a request's first token comes at the end of the step that computes its last prompt
+        token. A request booked now fills that step's free tokens with its own prefill, so
+        the requests ending in it wait for those tokens too.
+        """
+        queue = self.prefill_queue
+        if not queue or not self.pending_prefill_tokens:
+            return 0, 0
+        end = self.prefill_stream
+        used = end % chunk_tokens
+        if not used:
+            return 0, 0
+        start = end - used
+        requests = 0
+        for booking in reversed(queue):
+            if booking.prefill_end <= start:
+                break
+            if not booking.prefill_released:
+                requests += 1
+        return chunk_tokens - used, requests
 
     def __post_init__(self) -> None:
         if self.shadow not in SHADOW_KINDS:
@@ -250,6 +282,9 @@ class WorkerState:
             self.cpu.insert(request.blocks)  # write-through: the worker stores what it computes
         new_prefill = max(0, request.input_length - hit - cpu_hit)
         queued_ahead = self.pending_prefill_tokens
+        if not queued_ahead:  # a new busy period: its first step starts a chunk
+            self.prefill_stream = 0
+        self.prefill_stream += new_prefill
         if request.session_id is not None:
             self.footprint.touch(
                 request.session_id, request.input_length + expected_output_tokens, now
@@ -279,6 +314,7 @@ class WorkerState:
             adapter=adapter,
             cpu_estimate=cpu_hit,
             gpu_estimate=min(hit, request.input_length),
+            prefill_end=self.prefill_stream,
         )
         if new_prefill:
             self.prefill_queue.append(booking)
@@ -329,6 +365,7 @@ class Booking:
     adapter: str | None = None  # the LoRA adapter it runs (released from the worker's slots)
     cpu_estimate: int = 0  # tokens the CPU tier's shadow expected the worker to load
     gpu_estimate: int = 0  # the GPU hit that priced it (the active estimate, split by tier)
+    prefill_end: int = 0  # where its prefill ends in the worker's busy period (prefill_stream)
 
     def insert_radix(self) -> None:
         """The radix insert :meth:`WorkerState.book` left for later (once; no-op otherwise):

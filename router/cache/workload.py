@@ -114,6 +114,7 @@ class SessionFootprint:
         cap: int = 1 << 62,
         home_of: Callable[[str], int | None] | None = None,
         here: int = -1,
+        skip: int = 0,
     ) -> int:
         """Tokens to recompute when inserting ``tokens`` here pushes out other sessions.
 
@@ -121,7 +122,9 @@ class SessionFootprint:
         prefix gone recomputes it), until ``tokens`` are freed; each is charged its tokens,
         at most ``cap``; a session that ``home_of`` (the router's session bindings) says now
         lives on a worker other than ``here`` is stale here and freed at no charge, and
-        ``session_id``'s own entry is skipped. O(sessions pushed out). Call
+        ``session_id``'s own entry is skipped. The oldest ``skip`` tokens are out of the
+        cache already (pushed out before): they free nothing and cost nothing. O(sessions
+        pushed out). Call
         after :meth:`others_tokens`, which forgets the sessions past the horizon.
         """
         if tokens <= 0:
@@ -130,6 +133,12 @@ class SessionFootprint:
         for sid, (held, _seen) in self._sessions.items():
             if sid == session_id:
                 continue
+            if skip:  # pushed out already
+                if held <= skip:
+                    skip -= held
+                    continue
+                held -= skip
+                skip = 0
             freed += held
             if home_of is not None:
                 home = home_of(sid)
@@ -169,7 +178,9 @@ class SessionFootprint:
         if over <= 0 or uncached <= 0:
             return 0
         tokens = uncached if uncached < over else over
-        return self.displaced(session_id, tokens, cap, home_of, here)
+        # the oldest ``over - tokens`` are out of the worker's cache already: its LRU pushed
+        # them out when newer ones came in, so the victims are the oldest still held
+        return self.displaced(session_id, tokens, cap, home_of, here, over - tokens)
 
     def live_sessions(
         self,

@@ -419,3 +419,44 @@ def test_a_long_prefill_in_progress_on_the_sessions_worker_counts_what_is_left(r
     other.book(tick, now=6.0).finish()  # 5 s later: ~75k of the 102k done
     assert home.prefill_left(6.0) < 30_000 < home.pending_prefill_tokens
     assert picker.pick(nxt, [home, other]).branch == "affinity_stick"
+
+
+def test_a_request_that_fills_the_last_step_of_a_queue_pays_the_wait_it_adds(request_for):
+    """A chunked engine's step ends at a whole chunk while prefill is queued: a request sent
+    behind a queue that ends mid-chunk fills that step, and the queue's last request waits
+    for its tokens too (fill_i)."""
+    mid, whole = _state("mid", 1 << 22), _state("whole", 1 << 22)
+    picker = TTFTPicker(share_weight=0.0)  # fill_i alone on top of ttft_i
+    mid.book(request_for(tuple(range(100, 112))), now=0.0)  # 6144 tokens: 2048 of a chunk free
+    whole.book(request_for(tuple(range(200, 216))), now=0.0)  # 8192: ends at a whole chunk
+    assert mid.prefill_tail(CHUNK) == (2048, 1) and whole.prefill_tail(CHUNK) == (0, 0)
+    small = request_for((1, 2))  # 1024 tokens, all of them in the free part
+    costs = picker.costs(small, [mid, whole], [0, 0])
+
+    def alone(pending: int) -> float:
+        work = pending + 1024
+        return work / RATE + (work / CHUNK + 1.0) * (STEP + SEQ)
+
+    assert costs[0] == pytest.approx(alone(6144) + 1024 / RATE)
+    assert costs[1] == pytest.approx(alone(8192))
+    big = request_for(tuple(range(1, 11)))  # 5120 tokens: it fills the free 2048 at most
+    work = 6144 + 5120
+    expected = work / RATE + (work / CHUNK + 1.0) * (STEP + SEQ) + 2048 / RATE
+    assert picker.costs(big, [mid, whole], [0, 0])[0] == pytest.approx(expected)
+
+
+def test_a_session_pushed_out_is_charged_by_the_chance_that_it_comes_back(request_for):
+    """Only a session that sends another turn pays to recompute what was pushed out: the
+    charge is scaled by the share of turns the picker saw come from a known session."""
+    full, free = _state("full", 8 * 512), _state("free", 8 * 512)
+    full.footprint.touch("x", 2048, now=10.0)
+    full.footprint.touch("y", 2048, now=11.0)
+    free.footprint.touch("z", 0, now=11.0)
+    picker = TTFTPicker()
+    assert picker.return_rate == 1.0  # before any turn: every warm session comes back
+    for session in ("a", "b", "a", "c"):  # four turns, one of a session seen before
+        picker.pick(request_for((50, 51), session=session), [_state("w", 1 << 22)])
+    assert picker.return_rate == pytest.approx(0.25)
+    req = request_for((1, 2, 3, 4), session="new")
+    costs = picker.costs(req, [full, free], [0, 0])
+    assert costs[0] - costs[1] == pytest.approx(0.25 * 2048 / RATE)

@@ -129,3 +129,26 @@ def test_the_oldest_pending_prefill_counts_as_in_progress():
     released = w.book(request(list(range(5000, 5100))), now=10.0)
     released.finish()  # gone before its first token (a client that left): not in progress
     assert w.prefill_left(11.0) == 0 and not w.prefill_queue
+
+
+def test_the_queues_last_step_is_where_its_prefill_ends_in_whole_chunks():
+    w = make_worker()
+    w.rate.configured = w.rate.tokens_per_s = 1000.0
+    assert w.prefill_tail(1000) == (0, 0)  # nothing queued
+    a = w.book(request(list(range(1500))), now=0.0)  # steps of 1000: ends 500 into the 2nd
+    assert w.prefill_tail(1000) == (500, 1)
+    b = w.book(request(list(range(2000, 2300))), now=0.1)  # ends in the same step
+    assert w.prefill_tail(1000) == (200, 2)
+    c = w.book(request(list(range(3000, 3200))), now=0.2)  # fills it to the chunk
+    assert w.prefill_tail(1000) == (0, 0)
+    a.first_token(now=1.0)
+    b.first_token(now=1.0)  # the busy period goes on while c is queued
+    d = w.book(request(list(range(4000, 4100))), now=1.1)
+    assert w.prefill_tail(1000) == (900, 1)  # only d ends in the step it began
+    for booking in (c, d):
+        booking.first_token(now=2.0)
+    assert w.prefill_tail(1000) == (0, 0)
+    e = w.book(request(list(range(5000, 5400))), now=3.0)  # a new busy period starts a chunk
+    assert w.prefill_tail(1000) == (600, 1)
+    for booking in (a, b, c, d, e):
+        booking.finish()

@@ -70,3 +70,17 @@ def test_live_sessions_counts_recent_others_not_bound_elsewhere():
     assert fp.live_sessions(None, since=0.0) == 4
     assert fp.live_sessions("me", since=40.0, home_of={"a": 1, "b": 0}.get, here=0) == 1
     assert fp.live_sessions("me", since=61.0) == 0
+
+
+def test_sessions_past_the_capacity_are_out_already_and_cost_nothing():
+    fp = SessionFootprint(horizon_s=100.0)
+    fp.touch("gone", 3000, now=0.0)  # long pushed out by the newer ones
+    fp.touch("old", 4000, now=1.0)
+    fp.touch("new", 4000, now=2.0)
+    fp.others_tokens("me", 2.0)
+    assert fp.displaced("me", 1000, skip=3000) == 4000  # "old" is the oldest still held
+    assert fp.displaced("me", 1000, skip=5000) == 2000  # half of "old" is gone already
+    # 11k warm + 1k prompt in a capacity of 8k: 4k over, the prompt inserts 1k of them;
+    # the oldest 3k ("gone") were out already, so the 1k push out "old"
+    assert fp.pushed_out("me", 1000, 1000, 8000, 2.0) == 4000
+    assert fp.pushed_out("me", 1000, 1000, 11_000, 2.0) == 3000  # all fit but 1k: "gone"
