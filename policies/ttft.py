@@ -58,9 +58,8 @@ worker ``i`` in seconds:
   (:meth:`router.cache.worker_state.WorkerState.prefill_tail`: the prefill booked since its
   queue was last empty, cut into whole chunks; it matched the simulated engine's in 93% of
   the picks where prefill was queued and nothing waited for memory); a worker whose queue
-  ends at a whole chunk, or an empty one, costs nobody anything. Capacity (issue 41): the
-  conversation trace on 8 workers at TTFT p90 2 s went from 1.746x to 1.933x, the synthetic
-  trace from 1.578x to 1.746x.
+  ends at a whole chunk, or an empty one, costs nobody anything. Its effect on capacity:
+  docs/bench-history.md, "ttft prices the engine step it fills".
 - ``displaced_i``: the KV held on worker ``i`` by *other* sessions seen there recently
   (:class:`router.cache.workload.SessionFootprint`). When it plus this prompt exceeds the
   worker's capacity, the tokens this request inserts (``min(uncached, overflow)``) push out
@@ -70,9 +69,7 @@ worker ``i`` in seconds:
   ones). The sessions past the capacity, the oldest ``overflow - uncached`` tokens, are out
   of the worker's cache already (its LRU pushed them out as newer ones came in): pushing
   them out again costs nothing, so the victims are the oldest sessions still held (before,
-  with a footprint several times the capacity, the charge went to sessions long gone; on
-  the synthetic trace, 8 workers, TTFT p90 2 s, capacity 1.884x -> 1.933x; the conversation
-  trace at TTFT p99 10 s 2.899x -> 2.826x, one step of the search nearer its collapse).
+  with a footprint several times the capacity, the charge went to sessions long gone).
   A session this picker has since bound to another worker is stale here: pushing it
   out costs nothing. A session's own worker, which already holds its prefix, inserts little
   and displaces little, so under KV pressure sessions stay put and new ones go where they
@@ -82,9 +79,7 @@ worker ``i`` in seconds:
   seen before; their ratio is the chance that a turn is followed by another (1 before any
   turn). On the conversation trace 39% of turns come back, on the synthetic trace 44%, on
   the Weka agentic sample 81%: charging every warm session in full overpriced what a
-  placement pushes out by 2.3-2.6x on the first two. Capacity (issue 41), with fill_i: the
-  conversation trace on 8 workers at TTFT p90 2 s went from 1.933x to 2.033x, the synthetic
-  trace from 1.746x to 1.884x.
+  placement pushes out by 2.3-2.6x on the first two.
 - ``wait_i``: an engine admits a request only when its KV fits beside the running ones'. When
   the worker's in-flight KV (the shadow's pinned blocks plus the output booked for them)
   and this prompt exceed its capacity, the request waits for running requests to finish:
