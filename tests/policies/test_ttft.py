@@ -460,3 +460,20 @@ def test_a_session_pushed_out_is_charged_by_the_chance_that_it_comes_back(reques
     req = request_for((1, 2, 3, 4), session="new")
     costs = picker.costs(req, [full, free], [0, 0])
     assert costs[0] - costs[1] == pytest.approx(0.25 * 2048 / RATE)
+
+
+def test_as_shipped_a_small_request_avoids_the_queue_whose_last_step_it_would_fill(request_for):
+    """Defaults: ``mid``'s queue is 1,024 tokens shorter, but three requests end in its last
+    step, half empty; a small prompt sent there delays all three by its own prefill, so it
+    goes behind ``whole``, whose queue ends at a whole chunk (without fill_i, mid is cheaper)."""
+    mid, whole = _state("mid", 1 << 22), _state("whole", 1 << 22)
+    for blocks in (tuple(range(100, 108)), tuple(range(110, 114)), (120, 121)):
+        mid.book(request_for(blocks), now=0.0)  # 4,096 + 2,048 + 1,024: ends 1,024 short
+    for blocks in (tuple(range(200, 208)), tuple(range(210, 214)), tuple(range(220, 224))):
+        whole.book(request_for(blocks), now=0.0)  # 4,096 + 2,048 + 2,048: a whole chunk
+    assert mid.prefill_tail(CHUNK) == (1024, 3) and whole.prefill_tail(CHUNK) == (0, 0)
+    small = request_for((1, 2))
+    picker = TTFTPicker()
+    costs = picker.costs(small, [mid, whole], [0, 0])
+    assert costs[0] - 3 * 1024 / RATE < costs[1] < costs[0]  # fill_i alone decides it
+    assert picker.pick(small, [mid, whole]).worker == 1
