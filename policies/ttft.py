@@ -258,11 +258,11 @@ class TTFTPicker:
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
         hits, loads, best_hit = estimate_tier_hits(request, workers)
         session = request.session_id
-        bound = self.sessions.get(session) if session is not None else None
+        bound = None
         if session is not None:
+            bound = self.sessions.get(session)
             self._turns += 1
-            if bound is not None:
-                self._returns += 1
+            self._returns += bound is not None
         if bound is not None and (bound >= len(workers) or hits[bound] == UNHEALTHY):
             bound = None
         homes = self._homes(request.adapter, workers, hits) if request.adapter is not None else ()
