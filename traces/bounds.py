@@ -12,11 +12,16 @@ so a report can say how far every policy is from the best any router could do:
 - **TTFT bound with the fleet's parallelism**: requests that arrive at the same instant (a
   trace's opening burst: the bundled agentic sample starts 42 sessions at once) share the
   fleet's workers. Among ``g`` simultaneous requests with floors ``f_1 <= ... <= f_g``, the
-  ``m``-th to get its first token waits at least ``max(f_m, (f_1 + ... + f_m) / workers)``:
-  by then ``m`` of them were prefilled, at least the ``m`` smallest works, on ``workers``
-  workers. These bound the order statistics of each group (not each request), so their
-  percentiles over the trace bound every router's; simultaneous arrivals stay simultaneous
-  at any speedup, so this holds at every load, however light.
+  ``m``-th to get its first token waits at least ``f_m``, and at least the time the ``m``
+  smallest take on ``workers`` workers, each request prefilled whole on one worker. With
+  ``m = q workers + r``, the ``j`` workers that prefilled the most of them prefilled at least
+  ``k = j q + min(j, r)`` (as many as when they are spread evenly), so one of them was busy
+  ``(w_1 + ... + w_k) / j`` or more, for every ``j`` (``j = workers``: the fleet's whole
+  rate; ``j = 1``: the busiest worker's queue). ``w_i`` is ``f_i`` with its step overheads
+  per token, not per whole step, since requests on one worker share steps. These bound the
+  order statistics of each group (not each request), so their percentiles over the trace
+  bound every router's; simultaneous arrivals stay simultaneous at any speedup, so this
+  holds at every load, however light.
 - **Hit ceiling**: one pooled cache of the fleet's whole KV (workers x whole blocks of each),
   run with Belady's rule (evict the block whose next use is furthest ahead), a block a hit
   only when every earlier block of its prompt hit. Block keys are prefix-chained, so a block
@@ -140,18 +145,40 @@ def prefill_seconds(uncached: np.ndarray, worker: WorkerModelConfig) -> np.ndarr
     return steps * worker.step_overhead_s + uncached / worker.prefill_tokens_per_s
 
 
-def fleet_floors(trace: Sequence[TraceRequest], floors: np.ndarray, workers: int) -> np.ndarray:
+def shared_step_seconds(uncached: np.ndarray, worker: WorkerModelConfig) -> np.ndarray:
+    """A prefill's least share of its worker's time when it shares chunked steps with
+    others: its tokens, and its tokens' part of each step's fixed cost."""
+    per_token = 1 / worker.prefill_tokens_per_s + worker.step_overhead_s / worker.chunk_tokens
+    return uncached * per_token
+
+
+def fleet_floors(
+    trace: Sequence[TraceRequest],
+    floors: np.ndarray,
+    workers: int,
+    work: np.ndarray | None = None,
+) -> np.ndarray:
     """The TTFT bound with the fleet's parallelism (module docstring), one per request: the
     ``m``-th smallest of each group of simultaneous arrivals gets that group's ``m``-th order
-    statistic's bound; its percentiles bound every router's."""
+    statistic's bound; its percentiles bound every router's. ``work``: each request's share
+    of a worker's time when it shares the worker's steps (default: its floor), no more than
+    its floor and increasing with it."""
+    work = floors if work is None else work
     arrivals = np.fromiter((r.arrival for r in trace), dtype=np.float64, count=len(trace))
     order = np.lexsort((floors, arrivals))  # by arrival, then floor
-    at, work = arrivals[order], floors[order]
+    at, floor, done = arrivals[order], floors[order], np.cumsum(work[order])
     first = np.r_[True, at[1:] != at[:-1]]
-    done = np.cumsum(work)
-    before = (done - work)[first][np.cumsum(first) - 1]  # the work of earlier groups
+    start = np.flatnonzero(first)[np.cumsum(first) - 1]  # each one's group's first index
+    before = np.r_[0.0, done][start]  # the work of earlier groups
+    m = np.arange(len(order)) - start + 1  # its rank in its group
+    bound = floor.copy()
+    workers = max(1, workers)
+    q, r = np.divmod(m, workers)
+    for j in range(1, workers + 1):  # the j workers with the most of them: at least k
+        k = j * q + np.minimum(j, r)
+        bound = np.maximum(bound, (done[start + k - 1] - before) / j)
     out = np.empty_like(floors)
-    out[order] = np.maximum(work, (done - before) / max(1, workers))
+    out[order] = bound
     return out
 
 
@@ -203,7 +230,7 @@ def trace_bounds(trace: Sequence[TraceRequest], workers: int, worker: WorkerMode
     shared = hit_tokens(trace, infinite_cache_hits(trace))
     floors = prefill_seconds(inputs - shared, worker)
     pct = [float(np.percentile(floors, q)) if len(floors) else 0.0 for q in PERCENTILES]
-    fleet = fleet_floors(trace, floors, workers)
+    fleet = fleet_floors(trace, floors, workers, shared_step_seconds(inputs - shared, worker))
     fleet_pct = [float(np.percentile(fleet, q)) if len(fleet) else 0.0 for q in PERCENTILES]
     capacity = pooled_blocks(workers, worker)
     hits = belady_hits(trace, capacity)
