@@ -104,13 +104,9 @@ worker ``i`` in seconds:
   holds. A worker holding a few huge prompts holds few because arrivals were steered away
   from its long queue, not because few would come behind the next one; counting
   ``num_requests_i`` alone (the term before) made it cheap for the next long cold prompt,
-  and the next. On the conversation trace, 8 workers at 3.05x, ~140 of the 150 slowest
-  requests (median 77k tokens, ~70k uncached) went to one worker, 16.2M tokens of prefill
-  there against 12.5-13.6M elsewhere: TTFT p99 25.8 s (unified 7.2 s). With ``behind_i``
-  p99 is 9.4 s at p90 2.77 s (2.70 s before); the returning part keeps some of the pull
-  (136 of the 305 requests over 50k tokens uncached still went to one worker: 15.8M
-  tokens, 13.1-14.4M on six others). Before any turn with a session id (``returning`` = 1)
-  ``behind_i = num_requests_i``, the term as it was.
+  and the next: one worker drew most of a trace's long cold prompts and its queue set the
+  TTFT p99 (docs/bench-history.md, "share_i counts who arrives behind"). Before any turn
+  with a session id (``returning`` = 1) ``behind_i = num_requests_i``, the term as it was.
 - ``block_i``: a request whose own prefill is long on every worker (at least ``hopeless_s``:
   a long prompt cold everywhere) will be slow wherever it goes; what its placement still
   decides is whom it delays. Sessions live on a worker (``live_i``: seen there within

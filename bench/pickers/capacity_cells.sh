@@ -4,6 +4,8 @@
 # the per-policy capacities of every cell are gathered into bench/results/capacity_cells.json.
 #
 #   bash bench/pickers/capacity_cells.sh [CELL ...]     # default: every cell (~25 min, 1 core)
+#   POLICIES=ttft bash bench/pickers/capacity_cells.sh CELL   # rerun some policies of a cell:
+#     their entries replace the same policies' in out/capacity/CELL, the others stay
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -21,14 +23,34 @@ declare -A CELLS=(
   [conversation8_p99]="--trace $SHARED/conversation_trace.jsonl --workers 8 --slo ttft_p99=10"
   [synthetic4]="--trace $SHARED/synthetic_trace.jsonl --workers 4 --slo ttft_p90=2"
   [weka8]="--trace $SHARED/weka_kv_cache_tester --workers 8 --slo ttft_p90=15"
+  # held out again after share_i's change (issue 41): fleet sizes and a percentile not run before
+  [conversation12]="--trace $SHARED/conversation_trace.jsonl --workers 12 --slo ttft_p90=2"
+  [synthetic16]="--trace $SHARED/synthetic_trace.jsonl --workers 16 --slo ttft_p90=2"
+  [synthetic8_p99]="--trace $SHARED/synthetic_trace.jsonl --workers 8 --slo ttft_p99=10"
 )
-ORDER=(conversation8 synthetic8 agentic4 agentic4_15s conversation4 conversation16 conversation8_p99 synthetic4 weka8)
+ORDER=(conversation8 synthetic8 agentic4 agentic4_15s conversation4 conversation16 conversation8_p99 synthetic4 weka8
+  conversation12 synthetic16 synthetic8_p99)
 [ $# -gt 0 ] && ORDER=("$@")
 for cell in "${ORDER[@]}"; do
   echo "== $cell $(date +%T)"
   # shellcheck disable=SC2086
   $PY -m router.cli capacity --policies "$POLICIES" --kv-capacity-tokens 1000000 --jobs 1 \
-    --no-plots --out "out/capacity/$cell" ${CELLS[$cell]} 2>/dev/null | grep -v '^\s*\['
+    --no-plots --out "out/capacity/$cell.part" ${CELLS[$cell]} 2>/dev/null | grep -v '^\s*\['
+  $PY - "out/capacity/$cell" <<'PYEOF'
+import json, shutil, sys
+from pathlib import Path
+cell = Path(sys.argv[1])
+part, full = cell.with_name(cell.name + ".part"), cell / "capacity.json"
+new = json.loads((part / "capacity.json").read_text())
+if full.exists():  # keep the policies not rerun (same trace, fleet and SLOs)
+    old = json.loads(full.read_text())
+    same = all(old[k] == new[k] for k in ("slos", "fleet"))
+    if same:
+        new["policies"] = {**old["policies"], **new["policies"]}
+shutil.rmtree(cell, ignore_errors=True)
+part.rename(cell)
+(cell / "capacity.json").write_text(json.dumps(new, indent=1) + "\n")
+PYEOF
 done
 # every cell run so far (this time or before) into one summary
 $PY - "${!CELLS[@]}" <<'PYEOF'
