@@ -28,6 +28,7 @@ Errors are exception types so the forwarder can decide retries: :class:`ConnectF
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -38,6 +39,9 @@ import httptools
 HIGH_WATER = 1 << 20
 LOW_WATER = 256 << 10
 MAX_IDLE = 512
+# how soon a read timeout that found bytes unread in the socket looks again (they are read
+# by the loop's next poll of the sockets)
+RECHECK_S = 0.005
 
 
 class UpstreamError(Exception):
@@ -77,6 +81,7 @@ class Connection(asyncio.Protocol):
         # the read timeout: one timer per connection, re-armed when it fires before the
         # current wait's deadline (no timer made and cancelled per wait)
         self._deadline = 0.0
+        self._rechecked = False  # this wait's deadline passed with bytes unread: looked again
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._paused = False
@@ -188,6 +193,7 @@ class Connection(asyncio.Protocol):
         waiter = self.loop.create_future()
         self._waiter = waiter
         deadline = self._deadline = self.loop.time() + timeout
+        self._rechecked = False
         timer = self._timer
         if timer is None or self._timer_at > deadline:
             if timer is not None:
@@ -205,12 +211,33 @@ class Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is None or waiter.done():
             return  # nothing waits: the next wait sets a timer again
-        if self.loop.time() < self._deadline:  # a later wait moved the deadline
+        now = self.loop.time()
+        if now < self._deadline:  # a later wait moved the deadline
             self._timer = self.loop.call_at(self._deadline, self._tick)
             self._timer_at = self._deadline
             return
+        if not self._rechecked and self._unread():  # the loop was late, not the worker
+            self._rechecked = True  # (its next poll reads them: once is enough)
+            self._timer = self.loop.call_at(now + RECHECK_S, self._tick)
+            self._timer_at = now + RECHECK_S
+            return
         self._waiter = None
         waiter.set_exception(ReadTimeout("worker sent nothing within the read timeout"))
+
+    def _unread(self) -> bool:
+        """Whether the socket holds bytes (or its end) the loop has not read yet. A loop
+        that stalled past a deadline (a GC pause, a starved CPU) runs the due timer before
+        it reads the sockets under uvloop (libuv runs timers, then polls): the worker that
+        answered meanwhile would be counted as silent, its circuit opened, for nothing."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or not hasattr(select, "poll"):
+            return False
+        poller = select.poll()
+        try:
+            poller.register(sock.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):  # closed meanwhile: its end wakes the waiter
+            return False
 
     def _stop_timer(self) -> None:
         if self._timer is not None:

@@ -166,7 +166,10 @@ class Attempts:
         if isinstance(exc, ReadTimeout):
             stats.count(stats.upstream_errors, "timeout")
             prefill = ex.kv_pending(worker)
-            pool.record_failure(prefill or worker, "read timeout", request=True)
+            if prefill is None:
+                pool.record_failure(worker, "read timeout", request=True)
+            # else an SGLang decode leg waiting for the KV: its prefill leg's own outcome
+            # says whose fault it is (SglangPair.run, once that leg is over)
             waiting = f" (waiting for {prefill.url}'s KV)" if prefill is not None else ""
             return "504", GatewayTimeout(f"worker {worker.url} sent nothing in time{waiting}")
         stats.count(stats.upstream_errors, "reset")

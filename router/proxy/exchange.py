@@ -63,8 +63,9 @@ class Exchange(Routed):
 
     def leg_failed(self, error: RouterError) -> None:
         """An SGLang prefill leg failed: its decode leg waits for KV that will not come, so
-        cancel it (unless it answers the client already: then it ends on its own)."""
-        if not self.started and not self.finished and not self.client_gone:
+        cancel it (unless it answers the client already: then it ends on its own; or no
+        decode leg waits on it any more: ``kv_from`` is None)."""
+        if self.kv_from is not None and not (self.started or self.finished or self.client_gone):
             self.leg_error = error
             self.task.cancel()  # type: ignore[union-attr]
 

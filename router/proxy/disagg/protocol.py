@@ -25,8 +25,10 @@ by two workers, each leg as its engine defines it:
   decode worker's answer is the client's (the prefill's body is not read: SGLang's own
   balancer drops it too). A retry needs both legs again, in a new room. The decode leg
   waits for the prefill's KV, so while the prefill leg has not answered, a decode that
-  times out is the prefill worker's failure, and one that fails otherwise waits a moment
-  for that leg: if it fails too, the prefill worker is blamed and replaced, not the decode.
+  times out waits for that leg's end (a 504 either way): a prefill that fails is blamed,
+  one that answers leaves the timeout to the decode; one that fails otherwise waits a
+  moment for that leg: if it fails too, the prefill worker is blamed and replaced, not the
+  decode. A prefill leg cancelled because its decode failed is never counted as failing.
 
 Both legs of a pair carry the same ``X-Request-Id``, which the engines use to match them.
 """

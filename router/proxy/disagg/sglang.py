@@ -22,7 +22,9 @@ class SglangPair(Pair):
     """A decode worker that fails before any byte is retried (another one, another room);
     a prefill leg that fails first cancels the decode leg and is retried elsewhere. A
     decode that fails while its prefill leg runs waits ``PREFILL_NEWS_S`` for that leg: if
-    it fails too, the prefill worker is the one to blame and to replace."""
+    it fails too, the prefill worker is the one to blame and to replace. A decode that
+    times out while its prefill leg runs is a 504 once that leg is over: whichever of the
+    two failed on its own is counted (:meth:`blame_timeout`)."""
 
     async def run(
         self, ex: Exchange, prefill: Worker, pick: Pick, fields: dict, send, respond: Respond
@@ -40,9 +42,14 @@ class SglangPair(Pair):
             ex.kv_from = (prefill, leg)
             final = attempt == self.max_attempts - 1
             try:
-                error = await self.attempts.run(
-                    ex, decode, decode_pick, send, respond, final, body, headers
-                )
+                try:
+                    error = await self.attempts.run(
+                        ex, decode, decode_pick, send, respond, final, body, headers
+                    )
+                except GatewayTimeout:
+                    if not leg.done():  # (then the timeout was counted against nobody yet)
+                        await self.blame_timeout(ex, decode, leg)
+                    raise
                 if error is not None and not leg.done():
                     await asyncio.wait((leg,), timeout=PREFILL_NEWS_S)  # (its failure cancels)
             except asyncio.CancelledError:
@@ -71,6 +78,17 @@ class SglangPair(Pair):
             ex.tried.append(decode)  # its own failure: another decode worker next
             last_error = error
         raise last_error  # type: ignore[misc]
+
+    async def blame_timeout(self, ex: Exchange, decode: Worker, leg: asyncio.Task) -> None:
+        """The decode leg sent nothing in time while its prefill leg had not answered: it
+        may have waited for the KV, or failed on its own. The prefill leg runs to its end
+        (its own read timeout bounds it), not cancelled: a prefill that fails is counted
+        for its own failure, one that answers leaves the timeout to the decode worker. (A
+        prefill leg cancelled once blamed would be counted for a failure never its own.)"""
+        ex.kv_from = None  # no decode leg waits on it now: its failure cancels nothing
+        await asyncio.wait((leg,))
+        if not isinstance(leg.result(), RouterError):
+            self.core.pool.record_failure(decode, "read timeout", request=True)
 
 
 def unblame(ex: Exchange, decode: Worker) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from functools import partial
 
 import pytest
+import uvloop
 from conftest import wait_until
 
 from router.fleet.upstream import ConnectFailed, ConnectionLost, ReadTimeout, UpstreamPool
@@ -183,6 +185,43 @@ async def test_the_read_timeout_counts_from_each_wait(fake_workers):
     with pytest.raises(ReadTimeout):
         await pool.request(b"POST", b"/v1/completions", JSON + b"x-fake-hang: 1\r\n", body(), 0.3)
     pool.close()
+
+
+class _AnswerThenStall(asyncio.Protocol):
+    """A worker on the client's own loop: it answers the request, then blocks that loop
+    past the client's read timeout (as a GC pause or a starved CPU would)."""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if data.endswith(b"\r\n\r\n"):
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            time.sleep(0.3)
+
+
+@pytest.mark.parametrize("new_loop", [uvloop.new_event_loop, asyncio.new_event_loop])
+def test_an_answer_waiting_in_the_socket_is_no_read_timeout(new_loop):
+    """The loop stalls past the read timeout just after the worker answered: uvloop runs
+    the due timer before it reads the socket where the answer waits. Only the loop was
+    late, not the worker: no ReadTimeout."""
+
+    async def exchange() -> None:
+        server = await asyncio.get_running_loop().create_server(_AnswerThenStall, "127.0.0.1", 0)
+        pool = UpstreamPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        try:
+            conn = await pool.request(b"GET", b"/health", b"", b"", 0.2)
+            assert conn.status == 200 and await read_all(conn, 0.2) == b"ok"
+            conn.release()
+        finally:
+            pool.close()
+            server.close()
+
+    loop = new_loop()
+    try:
+        loop.run_until_complete(exchange())
+    finally:
+        loop.close()
 
 
 @pytest.mark.parametrize(

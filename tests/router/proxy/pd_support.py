@@ -137,11 +137,13 @@ class PdWorker:
         bootstrap_port: int = 0,
         kv_wait_s: float = 2.0,
         model: str = MODEL,
+        pace_s: float = 0.0,
     ) -> None:
         self.role, self.flavor, self.handoff = role, flavor, handoff
         self.model = model
         self.bootstrap_port = bootstrap_port
         self.kv_wait_s = kv_wait_s
+        self.pace_s = pace_s  # an answer's head, then its body, each this long after the last
         self.behaviour = OK
         self.requests = 0
         self.refused: list[str] = []  # why an ``ok`` worker refused a leg (the router's fault)
@@ -191,7 +193,7 @@ class PdWorker:
             answer = await self._ok(request, body, room)
             if behaviour in GARBAGE:
                 answer = (200, "application/json", GARBAGE[behaviour], None)
-            return await _send(writer, *answer)
+            return await _send(writer, *answer, pace=self.pace_s)
         if behaviour == HANG:  # (a hung prefill never says its KV failed)
             with contextlib.suppress(ConnectionError):
                 while await reader.read(1 << 16):
@@ -334,14 +336,22 @@ def _answer_body(path: str, body: dict[str, Any], role: str) -> tuple:
     return 200, "text/event-stream", b"".join(sse), sse
 
 
-async def _send(writer: asyncio.StreamWriter, status, content_type, whole, sse) -> bool:
+async def _send(
+    writer: asyncio.StreamWriter, status, content_type, whole, sse, pace: float = 0.0
+) -> bool:
+    """Write an answer; with ``pace``, its head and then its body each ``pace`` seconds
+    after the last (a slow worker that is never silent for long)."""
     if sse is None:
-        writer.write(_head(status, content_type, len(whole)) + whole)
+        head, body = _head(status, content_type, len(whole)), whole
     else:
-        writer.write(_head(status, content_type, None))
-        for event in sse:
-            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
-        writer.write(b"0\r\n\r\n")
+        head = _head(status, content_type, None)
+        body = b"".join(b"%x\r\n%s\r\n" % (len(event), event) for event in sse) + b"0\r\n\r\n"
+    if pace:
+        for piece in (head, body):
+            await asyncio.sleep(pace)
+            writer.write(piece)
+    else:
+        writer.write(head + body)
     await writer.drain()
     return True
 

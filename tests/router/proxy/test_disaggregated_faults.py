@@ -12,7 +12,9 @@ params, an SGLang room that fails):
   healthy decode worker does not keep the last prefill worker in;
 - ``/health`` is 503 without a healthy prefill worker, or without a healthy decode worker;
 - an SGLang decode leg that times out waiting for a hung prefill leg is not blamed, nor one
-  that fails for want of the KV of a prefill leg failing at the same time;
+  that fails for want of the KV of a prefill leg failing at the same time; a slow prefill
+  leg that answers is never blamed for its decode's own failure (a timeout while it runs,
+  or a 502 after which it is cancelled);
 - a decode worker that cuts a whole (not streamed) answer short is retried like one that
   sent nothing: the client never gets half a JSON body under a 200.
 """
@@ -225,6 +227,26 @@ def test_an_sglang_decode_failing_with_its_prefill_leg_is_not_blamed(router_serv
     workers = _workers(router)
     assert workers[broken.url]["consecutive_failures"] >= 1
     assert workers[decode.url]["consecutive_failures"] == 0 and workers[decode.url]["healthy"]
+
+
+@pytest.mark.parametrize("failure", [HANG, "status:502"])
+def test_a_slow_sglang_prefill_is_not_blamed_for_its_decode_failing(router_server, pd, failure):
+    """The prefill answers slowly (its head, then its body, 0.35 s apart: never silent for
+    the 0.6 s read timeout) beside a decode that fails on its own: a hung one times out while
+    the prefill leg runs, one answering 502 has that leg cancelled after PREFILL_NEWS_S.
+    The decode worker is counted, never the prefill, and every booking is released."""
+    bootstrap = free_port()
+    prefill = pd("prefill", "sglang", bootstrap_port=bootstrap, pace_s=0.35)
+    decode = pd("decode", "sglang", failure)
+    router = router_server(prefill_workers=[prefill.url, str(bootstrap)],
+                           decode_workers=[decode.url], pd_protocol="sglang",
+                           read_timeout_s=0.6, health_interval_s=30.0)  # fmt: skip
+    (r,) = _chat(router, 1)
+    assert r.status_code == (504 if failure == HANG else 502), r.text
+    workers = _workers(router)
+    assert workers[prefill.url]["consecutive_failures"] == 0, workers[prefill.url]
+    assert workers[decode.url]["consecutive_failures"] == 1, workers[decode.url]
+    assert all(w["num_requests"] == 0 for w in workers.values())
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang"])
