@@ -7,8 +7,7 @@ worker ``i`` in seconds:
 
     work_i  = pending_prefill_i + uncached_i          (uncached = input - estimated hit)
     ttft_i  = work_i / rate_i + (work_i / chunk_tokens + 1) * (step_s + seq_s * num_requests_i)
-    share_i = share_weight * uncached_i / rate_i * behind_i * g(work_i / rate_i)
-              behind_i = returning * num_requests_i + (1 - returning) * mean_j num_requests_j
+    share_i = share_weight * uncached_i / rate_i * num_requests_i * g(work_i / rate_i)
     evict_i = returning * displaced_i / rate_i * eviction_weight
     fill_i  = min(uncached_i, free_i) / rate_i * ending_i
               (free_i: what the last engine step of worker i's queued prefill has left
@@ -80,8 +79,7 @@ worker ``i`` in seconds:
   seen before; their ratio is the chance that a turn is followed by another (1 before any
   turn). On the conversation trace 39% of turns come back, on the synthetic trace 44%, on
   the Weka agentic sample 81%: charging every warm session in full overpriced what a
-  placement pushes out by 2.3-2.6x on the first two. ``share_i`` uses it too: of the
-  requests that will arrive behind a newcomer, the next turns.
+  placement pushes out by 2.3-2.6x on the first two.
 - ``wait_i``: an engine admits a request only when its KV fits beside the running ones'. When
   the worker's in-flight KV (the shadow's pinned blocks plus the output booked for them)
   and this prompt exceed its capacity, the request waits for running requests to finish:
@@ -91,22 +89,9 @@ worker ``i`` in seconds:
 - ``share_i``: uncached work on a busy worker delays whatever arrives there behind it (chunked
   prefill serves requests in admission order). The gate ``g`` of the predicted wait
   ``work / rate`` keeps it near 0 for short prefills on a quiet worker (Mooncake's ~1 s
-  prompts at light load) and near ``uncached / rate`` per follower for long ones or a
-  backed-up queue (Weka's 60-100k-token cold prompts; the overload rows): big cold prompts
-  go where few requests will queue behind them. Who those followers are (``behind_i``):
-  not the requests in flight there, which a newcomer does not delay (those queued prefill
-  ahead of it, those decoding have their first token), but those that arrive while it
-  waits and prefills. Over a request's stay a fleet receives about as many requests as it
-  holds (Little's law). The share ``returning`` of them are next turns, which go where
-  their session's prefix is cached: each request in flight on worker ``i`` brings
-  ``returning`` of one there. The rest the router places freely and spreads over the
-  fleet: ``1 - returning`` of the fleet's mean in flight per worker, however few a worker
-  holds. A worker holding a few huge prompts holds few because arrivals were steered away
-  from its long queue, not because few would come behind the next one; counting
-  ``num_requests_i`` alone (the term before) made it cheap for the next long cold prompt,
-  and the next: one worker drew most of a trace's long cold prompts and its queue set the
-  TTFT p99 (docs/bench-history.md, "share_i counts who arrives behind"). Before any turn
-  with a session id (``returning`` = 1) ``behind_i = num_requests_i``, the term as it was.
+  prompts at light load) and near ``uncached / rate`` per request in flight for long ones
+  or a backed-up queue (Weka's 60-100k-token cold prompts; the overload rows): big cold
+  prompts go where few requests will queue behind them.
 - ``block_i``: a request whose own prefill is long on every worker (at least ``hopeless_s``:
   a long prompt cold everywhere) will be slow wherever it goes; what its placement still
   decides is whom it delays. Sessions live on a worker (``live_i``: seen there within
@@ -418,11 +403,6 @@ class TTFTPicker:
         progress = getattr(first, "prefill_left", None) is not None
         now = max(w.footprint.clock for w in workers) if progress else 0.0
         tails = getattr(first, "prefill_tail", None) is not None  # views that track steps
-        returning = self.return_rate
-        fresh = 0.0  # share_i: the fleet's mean in flight, times the share of turns not returning
-        if share and returning < 1.0:
-            held = [w.num_requests for w, h in zip(workers, hits, strict=True) if h != UNHEALTHY]
-            fresh = (1.0 - returning) * sum(held) / len(held) if held else 0.0
         for i, worker in enumerate(workers):
             hit = hits[i]
             if hit == UNHEALTHY:
@@ -442,15 +422,13 @@ class TTFTPicker:
                 free, ending = worker.prefill_tail(chunk)
                 if ending:
                     cost += (uncached if uncached < free else free) / rate * ending
-            if share and uncached:  # share_i: those who will arrive behind it (see the doc)
-                behind = returning * n + fresh
-                if behind:
-                    extra = share * uncached / rate * behind
-                    if tau2:
-                        wait = work / rate
-                        wait *= wait
-                        extra *= wait / (wait + tau2)
-                    cost += extra
+            if share and uncached and n:
+                extra = share * uncached / rate * n
+                if tau2:
+                    wait = work / rate
+                    wait *= wait
+                    extra *= wait / (wait + tau2)
+                cost += extra
             if adapter is not None:
                 slots = getattr(worker, "adapters", None)  # views without slots: no term
                 if slots is not None and not slots.resident(adapter):

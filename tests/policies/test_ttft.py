@@ -477,30 +477,3 @@ def test_as_shipped_a_small_request_avoids_the_queue_whose_last_step_it_would_fi
     costs = picker.costs(small, [mid, whole], [0, 0])
     assert costs[0] - 3 * 1024 / RATE < costs[1] < costs[0]  # fill_i alone decides it
     assert picker.pick(small, [mid, whole]).worker == 1
-
-
-def test_a_long_cold_prompt_is_not_drawn_to_a_worker_holding_few_behind_a_long_queue(
-    worker, request_for
-):
-    """share_i counts who will arrive behind a request, not who is in flight: the next turns
-    of the sessions in flight there (``returning`` of one each) and the fleet's other
-    arrivals, spread over the workers. Worker 0 holds one request and 150k tokens of queued
-    prefill (10 s), the others 10 requests and 15k (1 s) each; a 70k-token cold prompt
-    (4.7 s) per request in flight looked cheaper on worker 0 (4.7 s x 1 against x 10),
-    where it waited 9 s longer: the next such prompt did the same (one dump worker)."""
-    ws = [worker(1, pending=150_000), *(worker(10, pending=15_000) for _ in range(3))]
-    picker = TTFTPicker()
-    for session in ("a", "b", "a", "c"):  # one turn in four comes back
-        picker.pick(request_for((50, 51), session=session), [worker()])
-    assert picker.return_rate == pytest.approx(0.25)
-    req = request_for(tuple(range(1000, 1137)))  # 137 blocks: 70,144 tokens, cold everywhere
-    own = 70_144 / RATE
-    mean = (1 + 3 * 10) / 4
-    plain = TTFTPicker(share_weight=0.0).costs(req, ws, [0] * 4)
-    costs = picker.costs(req, ws, [0] * 4)
-    for i, n in enumerate((1, 10, 10, 10)):
-        wait = (ws[i].pending_prefill_tokens + 70_144) / RATE
-        behind = 0.25 * n + 0.75 * mean
-        share = own * behind * wait * wait / (wait * wait + 16)
-        assert costs[i] - plain[i] == pytest.approx(share)
-    assert picker.pick(req, ws).worker != 0
