@@ -23,7 +23,7 @@ declare -A CELLS=(
   [conversation8_p99]="--trace $SHARED/conversation_trace.jsonl --workers 8 --slo ttft_p99=10"
   [synthetic4]="--trace $SHARED/synthetic_trace.jsonl --workers 4 --slo ttft_p90=2"
   [weka8]="--trace $SHARED/weka_kv_cache_tester --workers 8 --slo ttft_p90=15"
-  # held out again after share_i's change (issue 41): fleet sizes and a percentile not run before
+  # held out too (first run 2026-11-27, after the picker was chosen): other sizes, another percentile
   [conversation12]="--trace $SHARED/conversation_trace.jsonl --workers 12 --slo ttft_p90=2"
   [synthetic16]="--trace $SHARED/synthetic_trace.jsonl --workers 16 --slo ttft_p90=2"
   [synthetic8_p99]="--trace $SHARED/synthetic_trace.jsonl --workers 8 --slo ttft_p99=10"
