@@ -198,8 +198,7 @@ class Connection(asyncio.Protocol):
         if timer is None or self._timer_at > deadline:
             if timer is not None:
                 timer.cancel()
-            self._timer = self.loop.call_at(deadline, self._tick)
-            self._timer_at = deadline
+            self._arm(deadline)
         try:
             await waiter
         finally:
@@ -213,16 +212,19 @@ class Connection(asyncio.Protocol):
             return  # nothing waits: the next wait sets a timer again
         now = self.loop.time()
         if now < self._deadline:  # a later wait moved the deadline
-            self._timer = self.loop.call_at(self._deadline, self._tick)
-            self._timer_at = self._deadline
+            self._arm(self._deadline)
             return
         if not self._rechecked and self._unread():  # the loop was late, not the worker
             self._rechecked = True  # (its next poll reads them: once is enough)
-            self._timer = self.loop.call_at(now + RECHECK_S, self._tick)
-            self._timer_at = now + RECHECK_S
+            self._arm(now + RECHECK_S)
             return
         self._waiter = None
         waiter.set_exception(ReadTimeout("worker sent nothing within the read timeout"))
+
+    def _arm(self, at: float) -> None:
+        """The read timeout's timer, due at ``at`` (loop time)."""
+        self._timer = self.loop.call_at(at, self._tick)
+        self._timer_at = at
 
     def _unread(self) -> bool:
         """Whether the socket holds bytes (or its end) the loop has not read yet. A loop
