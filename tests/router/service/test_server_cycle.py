@@ -197,6 +197,12 @@ class _Recorder:
         self.draining = False
         self.scopes: list[dict[str, Any]] = []
 
+    def drain(self) -> None:
+        self.draining = True
+
+    def drain_ended(self) -> None:
+        pass
+
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
