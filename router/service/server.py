@@ -751,8 +751,12 @@ class Server(uvicorn.Server):
             )
         except TimeoutError:
             await self._cut()
-        stats = self.router_app.pool.stats
-        log.info("stopped: %d request(s) in flight", stats.in_flight)
+        pool = self.router_app.pool
+        log.info(
+            "drained: %d request(s) in flight, %d booked on workers",
+            pool.stats.in_flight,
+            sum(w.state.num_requests for w in pool.workers),
+        )
         if not self.force_exit:
             await self.lifespan.shutdown()
 
