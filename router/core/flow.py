@@ -27,6 +27,9 @@ prediction sees its booking.
 
 Every request that enters ends exactly once in ``dispatched`` or ``rejected`` (by reason);
 ``queued`` is read from the queue itself, so it cannot drift.
+
+When the router drains (SIGTERM) the queue is closed (:meth:`FlowControl.close`): what waits
+is answered 503 with Retry-After at once (``rejected`` reason ``shutdown``), as is what comes.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from policies.base import NoHealthyWorker
-from router.core.errors import TooManyRequests
+from router.core.errors import ServiceUnavailable, TooManyRequests, shutting_down
 from router.core.flow_queue import (
     DISCONNECT,
     SHED,
@@ -62,6 +65,7 @@ from router.fleet.pool import ModelNotServed, WorkerPool
 
 log = logging.getLogger("cache_router.flow")
 
+SHUTDOWN = "shutdown"  # rejected at the drain's start (close): the router is stopping
 TICK_S = 0.01  # how often a saturated queue's head is looked at again, at most
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 FLOW_LABELS_MAX = 100  # distinct flow labels in the metrics; later flows count as "other"
@@ -106,6 +110,7 @@ class FlowControl:
         self._labels: set[str] = set()
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
+        self.closed = False  # the router drains: nothing more waits (close)
         if registry is not None:
             registry.register(FlowCollector(self))
 
@@ -139,7 +144,10 @@ class FlowControl:
 
     async def enter(self, features: Any, c: Classified, size: int) -> None:
         """Return when the request may be placed; raise :class:`TooManyRequests` when it is
-        refused. Cancelled while waiting (its client left): taken out of the queue."""
+        refused (503 after :meth:`close`). Cancelled while waiting (its client left):
+        taken out of the queue."""
+        if self.closed:
+            raise self._shut(c.band, c.flow)
         now = self.clock()
         full = self.is_saturated(features, now)
         if not full and not self.queue.ahead_of(c.band):
@@ -167,6 +175,20 @@ class FlowControl:
         (whichever of its task and the dispatcher sees it first)."""
         if self.queue.remove(item):
             self._count(self.rejected, (str(item.band), self._label(item.flow), DISCONNECT))
+
+    def close(self) -> None:
+        """The router drains (SIGTERM): every request waiting here is answered 503 with
+        Retry-After now, rather than waiting through the drain for a dispatch that its
+        cut at the drain's end would undo; later ones are refused the same way. Each is
+        counted once, ``shutdown`` (one whose client had already left: ``client_disconnect``)."""
+        self.closed = True
+        while (item := self.queue.pop()) is not None:
+            future, _ = item.payload
+            if future.done():  # its client left (its task not resumed yet)
+                self._count(self.rejected, (str(item.band), self._label(item.flow), DISCONNECT))
+            else:
+                future.set_exception(self._shut(item.band, item.flow))
+        self.wake()
 
     def wake(self) -> None:
         """A booking was released: look at the queue's head now."""
@@ -237,6 +259,10 @@ class FlowControl:
     def _refuse(self, band: int, flow: str, reason: str) -> TooManyRequests:
         self._count(self.rejected, (str(band), self._label(flow), reason))
         return TooManyRequests(MESSAGES[reason], code="flow_" + reason)
+
+    def _shut(self, band: int, flow: str) -> ServiceUnavailable:
+        self._count(self.rejected, (str(band), self._label(flow), SHUTDOWN))
+        return shutting_down("the router is shutting down: the request was not sent to a worker")
 
     def describe(self) -> dict[str, Any]:
         """The queue for ``/workers`` and the dashboard."""

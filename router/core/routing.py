@@ -97,6 +97,15 @@ class RouterCore:
         self.correct = settings.correct_shadow
         self.max_inflight = settings.max_inflight
         self.flow = FlowControl(settings, pool, metrics.registry) if settings.flow_control else None
+        # the drain is over (router.service.server): the server cancels what still runs, and
+        # a front end answers such a request 503 ``shutdown`` where nothing was sent yet
+        self.drain_over = False
+
+    def drain(self) -> None:
+        """The router drains (SIGTERM): requests waiting in flow control's queue are
+        answered 503 at once, and no more wait there; those placed go on meanwhile."""
+        if self.flow is not None:
+            self.flow.close()
 
     # ---- 0. admission --------------------------------------------------------------------
 
