@@ -36,7 +36,14 @@ import httpx
 
 from policies.registry import PICKER_NAMES
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
-from traces.fleet import reset_caches, router, scrape, sim_workers, time_scaled_router_args
+from traces.fleet import (
+    check_reachable,
+    reset_caches,
+    router,
+    scrape,
+    sim_workers,
+    time_scaled_router_args,
+)
 from traces.formats import load_trace
 from traces.record import TraceRequest
 from traces.replay import ReplayConfig, ReplayOutcome, replay
@@ -160,8 +167,19 @@ def report_outcomes(document: dict, outcomes: Sequence[ReplayOutcome], out: Path
     print(f"{document['wall_seconds']:.1f} s; wrote {', '.join(str(p) for p in written)}")
 
 
+def _load(args: argparse.Namespace, command: str) -> list[TraceRequest] | None:
+    """The selected trace, or None after one line on stderr (a bad trace line, no file)."""
+    try:
+        return select(load_trace(args.trace), args)
+    except (OSError, ValueError) as exc:
+        print(f"cache-router {command}: {exc}", file=sys.stderr)
+        return None
+
+
 def _replay_main(args: argparse.Namespace) -> int:
-    trace = select(load_trace(args.trace), args)
+    trace = _load(args, "replay")
+    if trace is None:
+        return 2
     cfg = _replay_config(args, args.url, args.salt, args.worker_metrics or ())
     started = time.perf_counter()
     outcome = asyncio.run(replay(trace, cfg, args.name))
@@ -193,6 +211,8 @@ def run_sweep(
         workers = [s.url for s in sims] or list(args.worker)
         if not workers:
             raise ValueError("give --worker URL ... or --sim-workers N")
+        if not sims:
+            check_reachable(workers)
         for k, policy in enumerate(policies):
             clean = reset_caches(workers)
             salt = args.salt if clean else args.salt + 7919 * (k + 1)
@@ -252,8 +272,14 @@ def _wait_synced(url: str, n: int, timeout_s: float = 30.0) -> None:
 
 
 def _sweep_main(args: argparse.Namespace) -> int:
-    trace = select(load_trace(args.trace), args)
-    document, outcomes = run_sweep(trace, args)
+    trace = _load(args, "sweep")
+    if trace is None:
+        return 2
+    try:
+        document, outcomes = run_sweep(trace, args)
+    except ValueError as exc:  # no workers, or a given worker unreachable
+        print(f"cache-router sweep: {exc}", file=sys.stderr)
+        return 2
     report_outcomes(document, outcomes, Path(args.out))
     return 0 if all(o.run.requests > 0 for o in outcomes) else 1
 
