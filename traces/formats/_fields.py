@@ -55,9 +55,9 @@ def ids_field(rec: dict, key: str, where: str, required: bool = True) -> list[in
         if required:
             raise TraceFormatError(f"{where}: missing field {key!r}")
         return []
-    if not isinstance(value, list) or not all(
-        type(i) is int and 0 <= i < 2**64
-        for i in value  # block hashes are 64-bit
+    # block hashes are 64-bit; type, min and max at C speed (a trace has ~100k ids a second)
+    if not isinstance(value, list) or (
+        value and (set(map(type, value)) != {int} or min(value) < 0 or max(value) >= 2**64)
     ):
         raise TraceFormatError(f"{where}: field {key!r} must be a list of integers in [0, 2**64)")
     return value
