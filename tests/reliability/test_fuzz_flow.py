@@ -12,7 +12,7 @@ After every sequence, whatever was drawn:
   as entered it;
 - the label sets whose values come from clients (band, flow) stay within their caps.
 
-Shutdowns with requests queued are fuzzed in :mod:`test_shutdown` (a process per case).
+Shutdowns with requests queued are fuzzed in :mod:`test_fuzz_shutdown` (a process per case).
 With ``CACHE_ROUTER_SLOW=1``, more sequences and a check that the router's memory stays flat.
 """
 
