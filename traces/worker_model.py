@@ -224,18 +224,28 @@ def add_model_options(p: argparse.ArgumentParser, kv_help: str) -> None:
     add_profile_option(p)
 
 
-def add_profile_option(p: argparse.ArgumentParser) -> None:
-    """``--gpu-profile``: the measured step costs (also ``sweep``'s, for its sim workers)."""
+def add_profile_option(p: argparse.ArgumentParser, whose: str = "") -> None:
+    """``--gpu-profile``: the measured step costs (also ``sweep``'s, for its sim workers:
+    ``whose`` says so in the help)."""
     names = ", ".join(gpu_profile.profile_names())
     p.add_argument(
         "--gpu-profile",
+        type=_profile_arg,
         default=gpu_profile.DEFAULT_PROFILE,
         metavar="NAME|FILE",
-        help=f"price prefill chunks, decode steps and CPU-tier loads as measured on a GPU: "
+        help=f"{whose}price prefill chunks, decode steps and CPU-tier loads as measured on a GPU: "
         f"one of {names}, or a profile JSON file (bench/gpu/README.md); 'flat': the flat "
         "model of --prefill-tokens-per-s, --step-overhead-ms, --decode-ms-per-seq and "
         "--kv-load-gbps, which a profile replaces",
     )
+
+
+def _profile_arg(text: str) -> GpuProfile | None:
+    """``--gpu-profile``'s value loaded (argparse reports a bad one in one line)."""
+    try:
+        return gpu_profile.resolve(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
@@ -251,9 +261,15 @@ def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModel
         cpu_kv_capacity_tokens=args.cpu_kv_capacity_tokens,
         kv_load_gbps=args.kv_load_gbps,
         kv_bytes_per_token=getattr(args, "kv_bytes_per_token", kv_transfer.BYTES_PER_TOKEN),
-        profile=gpu_profile.resolve(getattr(args, "gpu_profile", gpu_profile.DEFAULT_PROFILE)),
+        profile=_args_profile(args),
         **more,
     )
+
+
+def _args_profile(args: argparse.Namespace) -> GpuProfile | None:
+    """``args.gpu_profile`` as parsed (a name or file when set by hand; the default if none)."""
+    value = getattr(args, "gpu_profile", gpu_profile.DEFAULT_PROFILE)
+    return gpu_profile.resolve(value) if isinstance(value, str) else value
 
 
 def model_argv(config: WorkerModelConfig) -> list[str]:
