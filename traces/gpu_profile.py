@@ -21,6 +21,7 @@ with ``--gpu-profile FILE``): its measured points, the fitted terms and how well
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -32,8 +33,8 @@ FLAT = "flat"
 """``--gpu-profile flat``: no profile, the flat model of the worker model's own flags."""
 
 DEFAULT_PROFILE = FLAT
-"""What ``--gpu-profile`` is by default (the flat model until bench/RESULTS.md is re-run under
-a measured profile; then ``"h100-llama8b"``)."""
+"""What ``--gpu-profile`` and ``WorkerModelConfig()`` price steps by when not told (the flat
+model until bench/RESULTS.md is re-run under a measured profile; then ``"h100-llama8b"``)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,12 @@ class GpuProfile:
         if per_link <= 0:
             return 0.0
         return per_link / (self.copy_gbps(min(self.kv_piece_bytes, per_link)) * 1e9)
+
+
+@functools.cache
+def default_profile() -> GpuProfile | None:
+    """:data:`DEFAULT_PROFILE`, loaded once."""
+    return resolve(DEFAULT_PROFILE)
 
 
 def profiles_dir() -> Path:

@@ -76,7 +76,8 @@ def test_the_shipped_profiles_load() -> None:
         assert p is not None and p.name == name and p.source == name
         assert p.a > 0 and p.decode_base > 0 and p.decode_per_context_token > 0
     assert gpu_profile.resolve("flat") is None
-    assert WorkerModelConfig().profile is None  # the default stays flat (module docstring)
+    # the default stays flat for now (gpu_profile.DEFAULT_PROFILE: one line to switch)
+    assert gpu_profile.DEFAULT_PROFILE == "flat" and WorkerModelConfig().profile is None
 
 
 @pytest.mark.parametrize(("profile", "data"), MEASURED_8B)
