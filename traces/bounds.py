@@ -7,8 +7,11 @@ so a report can say how far every policy is from the best any router could do:
   are those of its prompt that no earlier prompt (arrival order, any session) shared as a
   prefix; they run alone on an idle worker, priced as :mod:`traces.worker_model` prices a
   prefill: ``ceil(uncached / chunk_tokens)`` steps (at least one) of ``step_overhead_s`` each,
-  plus ``uncached / prefill_tokens_per_s``. A percentile of the floors is below the same
-  percentile of any router's TTFTs, since each request's floor is below its own TTFT.
+  plus ``uncached / prefill_tokens_per_s``; under a GPU profile ``d`` a step plus the chunks'
+  token and attention terms after the shared prefix (``a*u + c*(u*p + u**2/2)`` however
+  chunked), which only grow when less of the prompt is cached. A percentile of the floors is
+  below the same percentile of any router's TTFTs, since each request's floor is below its
+  own TTFT.
 - **TTFT bound with the fleet's parallelism**: requests that arrive at the same instant (a
   trace's opening burst: the bundled agentic sample starts 42 sessions at once) share the
   fleet's workers. Among ``g`` simultaneous requests with floors ``f_1 <= ... <= f_g``, the
@@ -18,7 +21,9 @@ so a report can say how far every policy is from the best any router could do:
   ``k = j q + min(j, r)`` (as many as when they are spread evenly), so one of them was busy
   ``(w_1 + ... + w_k) / j`` or more, for every ``j`` (``j = workers``: the fleet's whole
   rate; ``j = 1``: the busiest worker's queue). ``w_i`` is ``f_i`` with its step overheads
-  per token, not per whole step, since requests on one worker share steps. These bound the
+  per token, not per whole step, since requests on one worker share steps (the ``m``
+  smallest ``w`` are summed, whichever requests they are: under a profile a smaller floor
+  need not mean less work). These bound the
   order statistics of each group (not each request), so their percentiles over the trace
   bound every router's; simultaneous arrivals stay simultaneous at any speedup, so this
   holds at every load, however light.
@@ -33,7 +38,8 @@ so a report can say how far every policy is from the best any router could do:
   (``min(hit blocks x 512, prompt)``). Workers with a CPU KV tier pool it too: a block
   loaded from it is a hit that costs no prefill (the worker model counts it cached).
 - **Load ceiling**: the trace speedup at which the fleet's prefill work at that hit ceiling
-  fills every worker's prefill rate for the trace's whole (sped-up) span. Above it the fleet
+  fills every worker's prefill rate for the trace's whole (sped-up) span (under a profile:
+  each request's token and attention terms after its prefix at the ceiling). Above it the fleet
   falls behind on average whatever the router does (step overheads and decode only lower the
   real knee); it is a sustained rate, so on a short trace an SLO's slack can carry a little
   more.
@@ -134,22 +140,30 @@ def hit_tokens(trace: Sequence[TraceRequest], hit_blocks: np.ndarray) -> np.ndar
 def ttft_floors(trace: Sequence[TraceRequest], worker: WorkerModelConfig) -> np.ndarray:
     """Per request, its TTFT with infinite caches and no queue (module docstring)."""
     inputs = np.fromiter((r.input_length for r in trace), dtype=np.int64, count=len(trace))
-    uncached = inputs - hit_tokens(trace, infinite_cache_hits(trace))
-    return prefill_seconds(uncached, worker)
+    shared = hit_tokens(trace, infinite_cache_hits(trace))
+    return prefill_seconds(inputs - shared, worker, shared)
 
 
-def prefill_seconds(uncached: np.ndarray, worker: WorkerModelConfig) -> np.ndarray:
-    """An idle worker's time to first token for ``uncached`` prompt tokens: its chunked
-    prefill steps, each one engine step's fixed cost (no decode batch) plus its tokens."""
+def prefill_seconds(
+    uncached: np.ndarray, worker: WorkerModelConfig, cached: np.ndarray | int = 0
+) -> np.ndarray:
+    """An idle worker's time to first token for ``uncached`` prompt tokens after ``cached``
+    ones: its chunked prefill steps, each one engine step's fixed cost (no decode batch),
+    plus its tokens' work."""
     steps = np.maximum(1, -(-uncached // worker.chunk_tokens))
-    return steps * worker.step_overhead_s + uncached / worker.prefill_tokens_per_s
+    return steps * worker.prefill_step_s + worker.prefill_work_s(uncached, cached)
 
 
-def shared_step_seconds(uncached: np.ndarray, worker: WorkerModelConfig) -> np.ndarray:
+def shared_step_seconds(
+    uncached: np.ndarray, worker: WorkerModelConfig, cached: np.ndarray | int = 0
+) -> np.ndarray:
     """A prefill's least share of its worker's time when it shares chunked steps with
-    others: its tokens, and its tokens' part of each step's fixed cost."""
-    per_token = 1 / worker.prefill_tokens_per_s + worker.step_overhead_s / worker.chunk_tokens
-    return uncached * per_token
+    others: its tokens' work, and its tokens' part of each step's fixed cost."""
+    if worker.profile is None:  # the flat model's figures, unchanged to the last bit
+        per_token = 1 / worker.prefill_tokens_per_s + worker.step_overhead_s / worker.chunk_tokens
+        return uncached * per_token
+    steps = uncached * (worker.prefill_step_s / worker.chunk_tokens)
+    return steps + worker.prefill_work_s(uncached, cached)
 
 
 def fleet_floors(
@@ -166,7 +180,8 @@ def fleet_floors(
     work = floors if work is None else work
     arrivals = np.fromiter((r.arrival for r in trace), dtype=np.float64, count=len(trace))
     order = np.lexsort((floors, arrivals))  # by arrival, then floor
-    at, floor, done = arrivals[order], floors[order], np.cumsum(work[order])
+    at, floor = arrivals[order], floors[order]
+    done = np.cumsum(work[np.lexsort((work, arrivals))])  # the same groups, by work
     first = np.r_[True, at[1:] != at[:-1]]
     start = np.flatnonzero(first)[np.cumsum(first) - 1]  # each one's group's first index
     before = np.r_[0.0, done][start]  # the work of earlier groups
@@ -223,23 +238,35 @@ def pooled_blocks(workers: int, worker: WorkerModelConfig) -> int:
     return workers * (worker.capacity_blocks + worker.cpu_capacity_blocks)
 
 
+def load_ceiling(
+    inputs: np.ndarray, cached: np.ndarray, span: float, workers: int, worker: WorkerModelConfig
+) -> float:
+    """The speedup at which the prefill work left by ``cached`` fills the fleet (module
+    docstring); infinite without work or span."""
+    if worker.profile is None:  # tokens over the fleet's rate, as before profiles
+        work = float((inputs - cached).sum())
+        rate = workers * worker.prefill_tokens_per_s
+        return span * rate / work if work > 0 and span > 0 else math.inf
+    seconds = float(worker.prefill_work_s(inputs - cached, cached).sum())
+    return span * workers / seconds if seconds > 0 and span > 0 else math.inf
+
+
 def trace_bounds(trace: Sequence[TraceRequest], workers: int, worker: WorkerModelConfig) -> Bounds:
     """The bounds of ``trace`` on ``workers`` workers of ``worker`` (module docstring)."""
     inputs = np.fromiter((r.input_length for r in trace), dtype=np.int64, count=len(trace))
     prompt = max(1, int(inputs.sum()))
     shared = hit_tokens(trace, infinite_cache_hits(trace))
-    floors = prefill_seconds(inputs - shared, worker)
+    floors = prefill_seconds(inputs - shared, worker, shared)
     pct = [float(np.percentile(floors, q)) if len(floors) else 0.0 for q in PERCENTILES]
-    fleet = fleet_floors(trace, floors, workers, shared_step_seconds(inputs - shared, worker))
+    work = shared_step_seconds(inputs - shared, worker, shared)
+    fleet = fleet_floors(trace, floors, workers, work)
     fleet_pct = [float(np.percentile(fleet, q)) if len(fleet) else 0.0 for q in PERCENTILES]
     capacity = pooled_blocks(workers, worker)
     hits = belady_hits(trace, capacity)
     blocks = sum(len(r.blocks) for r in trace)
     hit = float(hit_tokens(trace, hits).sum()) / prompt
     span = trace[-1].arrival - trace[0].arrival if trace else 0.0
-    work = float((inputs - hit_tokens(trace, hits)).sum())  # prefill tokens at the ceiling
-    rate = workers * worker.prefill_tokens_per_s
-    load = span * rate / work if work > 0 and span > 0 else math.inf
+    load = load_ceiling(inputs, hit_tokens(trace, hits), span, workers, worker)
     return Bounds(
         ttft_p50=pct[0],
         ttft_p90=pct[1],

@@ -63,7 +63,7 @@ from traces.simulate import (
     trace_summary,
 )
 from traces.simulator import PolicyRun, SimConfig, simulate
-from traces.worker_model import model_argv
+from traces.worker_model import model_argv, profile_arg
 
 DEFAULT_SLO = "ttft_p90=2"
 PERCENTILES = (50, 90, 99)
@@ -323,7 +323,7 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
         trace_summary(trace_path, trace), trace, bounds, results, slos, grid,
         {"workers": config.fleet_size, "kv_capacity_tokens": config.worker.kv_capacity_tokens,
          "prefill_tokens_per_s": config.worker.prefill_tokens_per_s, "pacing": config.pacing,
-         "mode": mode, "jobs": args.jobs},
+         "mode": mode, "jobs": args.jobs, "gpu_profile": profile_arg(config.worker.profile)},
         time.perf_counter() - started,
     )  # fmt: skip
     written = write_capacity(document, out, plots)

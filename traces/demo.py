@@ -39,6 +39,7 @@ from typing import Any
 from traces import capacity_cmd, simulate, sweep
 from traces.formats import load_trace
 from traces.record import TraceRequest
+from traces.worker_model import WorkerModelConfig, add_profile_option, profile_arg
 
 POLICIES = "ttft,lmetric,load_only,sticky,unified,capped"
 BASELINE = "round_robin"  # in the capacity table only: what affinity buys
@@ -59,33 +60,38 @@ def sample_trace_path() -> Path:
     return Path(str(resources.files("traces") / "data" / "weka_agentic_sample.jsonl"))
 
 
-def offered_load(trace: Sequence[TraceRequest]) -> str:
+def offered_load(trace: Sequence[TraceRequest], worker: WorkerModelConfig | None = None) -> str:
     """How loaded the fleet is: the prompt tokens the trace offers per second at its own
-    times, against the fleet's prefill rate if nothing were cached (and if everything that
-    can be cached were: the trace's infinite-cache ceiling)."""
-    from traces.stats import hit_ceiling
-    from traces.worker_model import WorkerModelConfig
+    times, against the fleet's prefill work if nothing were cached (and if everything that
+    can be cached were: the trace's infinite-cache ceiling), priced by ``worker``."""
+    import numpy as np
 
-    ceiling = hit_ceiling(trace).token_ratio or 0.0
+    from traces.bounds import hit_tokens, infinite_cache_hits
+
+    worker = worker or WorkerModelConfig()
+    inputs = np.array([r.input_length for r in trace])
+    shared = hit_tokens(trace, infinite_cache_hits(trace))
+    ceiling = shared.sum() / max(1, inputs.sum())
     span = max(1e-9, trace[-1].arrival - trace[0].arrival)
-    offered = sum(r.input_length for r in trace) / span
-    capacity = WORKERS * WorkerModelConfig().prefill_tokens_per_s
+    offered = inputs.sum() / span
+    cold = float(worker.prefill_work_s(inputs).sum()) / span / WORKERS
+    warm = float(worker.prefill_work_s(inputs - shared, shared).sum()) / span / WORKERS
     return (
         f"load: {offered:,.0f} prompt tokens/s at the trace's own times ({span:,.0f} s), "
-        f"{offered / capacity:.1f}x the {WORKERS} workers' prefill rate if nothing were "
-        f"cached, {offered * (1 - ceiling) / capacity:.2f}x if every reusable prefix were "
+        f"{cold:.1f}x the {WORKERS} workers' prefill rate if nothing were "
+        f"cached, {warm:.2f}x if every reusable prefix were "
         f"(the infinite-cache ceiling, {ceiling:.0%}); session pacing slows sessions that "
         "wait for their answers"
     )
 
 
-def opening_burst(trace: Sequence[TraceRequest]) -> str:
+def opening_burst(trace: Sequence[TraceRequest], worker: WorkerModelConfig | None = None) -> str:
     """The requests sent together at the trace's start: what no lower load spreads out."""
-    from traces.worker_model import WorkerModelConfig
-
+    worker = worker or WorkerModelConfig()
     burst = [r for r in trace if r.arrival <= trace[0].arrival + 1e-3]
     tokens = sum(r.input_length for r in burst)
-    seconds = tokens / (WORKERS * WorkerModelConfig().prefill_tokens_per_s)
+    work = sum(worker.prefill_work_s(r.input_length) for r in burst)
+    seconds = work / WORKERS
     return (
         f"{len(burst)} requests ({tokens:,} prompt tokens) arrive together at the start: "
         f"{seconds:.0f} s of the {WORKERS} workers' prefill with nothing cached, at any load; "
@@ -131,6 +137,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="a second live reading at the trace's own load, above the knee",
     )
+    add_profile_option(p, "the workers, offline and live: ")
     p.set_defaults(func=_main)
 
 
@@ -166,12 +173,14 @@ def _main(args: argparse.Namespace) -> int:
     parser = _job_parser()
     trace_path = str(sample_trace_path())
     out = Path(args.out)
-    sized = ["--workers", str(WORKERS), "--kv-capacity-tokens", str(KV_TOKENS)]
+    profile = ["--gpu-profile", profile_arg(args.gpu_profile)]
+    sized = ["--workers", str(WORKERS), "--kv-capacity-tokens", str(KV_TOKENS), *profile]
     started = time.perf_counter()
     try:
         trace = load_trace(trace_path)
-        print(offered_load(trace), file=sys.stderr)
-        print(opening_burst(trace), file=sys.stderr)
+        worker = WorkerModelConfig(profile=args.gpu_profile)
+        print(offered_load(trace, worker), file=sys.stderr)
+        print(opening_burst(trace, worker), file=sys.stderr)
         capacity = parser.parse_args(
             ["capacity", "--trace", trace_path, "--policies", f"{POLICIES},{BASELINE}", *sized,
              "--max-output-tokens", str(MAX_OUTPUT), "--slo", SLO, "--out", str(out / "capacity")]
@@ -183,7 +192,7 @@ def _main(args: argparse.Namespace) -> int:
         # an agent sends its next turn after the previous answer: session pacing, as the Weka
         # traces' own replayer (open loop would send turns before their predecessors' answers)
         common = ["--trace", trace_path, "--policies", POLICIES, "--pacing", "session",
-                  "--max-output-tokens", str(MAX_OUTPUT)]  # fmt: skip
+                  "--max-output-tokens", str(MAX_OUTPUT), *profile]  # fmt: skip
         if not args.offline:
             _live(parser, trace, common, load, out / "live")
             if args.overloaded:

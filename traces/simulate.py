@@ -47,9 +47,10 @@ from traces.report import (
     write_plots,
     write_results,
 )
+from traces.requests_out import write_requests
 from traces.simulator import ROUTER_TIERS, PolicyRun, SimConfig, simulate
 from traces.stats import hit_ceiling
-from traces.worker_model import add_model_options, model_config_from_args
+from traces.worker_model import add_model_options, model_config_from_args, profile_arg
 
 DEFAULT_POLICIES = "ttft,lmetric,load_only,sticky,unified,capped"
 
@@ -164,6 +165,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", help="trace format (auto-detected by default)")
     p.add_argument("--out", default="out/simulate", help="directory for results and plots")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--requests-out",
+        default=None,
+        metavar="FILE",
+        help="write every request's outcome, one JSON line per request and policy (policy, "
+        "index in the trace, ttft_s, cached_tokens, worker...: traces/requests_out.py)",
+    )
     p.add_argument(
         "--no-hit-gap",
         action="store_true",
@@ -347,7 +355,8 @@ def run_and_report(
     )
     print(
         f"{len(trace)} requests, {fleet}, shadow={config.shadow}, "
-        f"KV {config.worker.kv_capacity_tokens:,} tokens/worker"
+        f"KV {config.worker.kv_capacity_tokens:,} tokens/worker, GPU profile "
+        f"{profile_arg(config.worker.profile)}"
         + (
             f" + CPU tier {config.worker.cpu_kv_capacity_tokens:,} at "
             f"{config.worker.kv_load_gbps:g} GB/s (router tiers {config.router_tiers})"
@@ -364,6 +373,7 @@ def run_and_report(
     document = results_document(summary, config.fleet_size, time.perf_counter() - started, runs)
     document["pacing"] = config.pacing
     worker = config.worker
+    document["gpu_profile"] = profile_arg(worker.profile)
     document["kv"] = {
         "gpu_tokens": worker.kv_capacity_tokens,
         "cpu_tokens": worker.cpu_kv_capacity_tokens,
@@ -376,6 +386,10 @@ def run_and_report(
     if config.disaggregated:
         add_disaggregation(document, config, runs)
     written = write_results(document, out)
+    if getattr(args, "requests_out", None):
+        requests = Path(args.requests_out)
+        write_requests(requests, trace, runs, traces)
+        written.append(requests)
     if config.disaggregated:
         with (out / "results.md").open("a") as md:
             md.write(f"\nDisaggregated: {fleet}.\n\n{disaggregation_table(document)}\n")

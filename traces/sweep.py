@@ -49,6 +49,7 @@ from traces.record import TraceRequest
 from traces.replay import ReplayConfig, ReplayOutcome, replay
 from traces.report import markdown_table, results_document, write_plots, write_results
 from traces.simulate import add_pacing_option, parse_policies, trace_summary
+from traces.worker_model import add_profile_option, profile_arg
 
 SWEEP_POLICIES = "ttft,lmetric,load_only,sticky,unified,capped"
 
@@ -203,7 +204,8 @@ def run_sweep(
     shadows: dict[str, dict[str, float]] = {}
     lags: dict[str, dict[str, float]] = {}
     started = time.perf_counter()
-    sim_args = ["--time-scale", str(time_scale), *shlex.split(args.sim_worker_args)]
+    profile = ["--gpu-profile", profile_arg(args.gpu_profile)]  # --sim-worker-args may override
+    sim_args = ["--time-scale", str(time_scale), *profile, *shlex.split(args.sim_worker_args)]
     kv_events = "worker-binds" if args.sim_kv_events and args.sim_workers else None
     if kv_events is not None:
         extra_router += ["--kv-events", "--kv-events-connect"]
@@ -322,6 +324,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--worker", nargs="+", action="extend", default=[], help="worker base URLs")
     s.add_argument("--sim-workers", type=int, default=0, help="start N simulated workers")
     s.add_argument("--sim-worker-args", default="", help="extra sim-worker options")
+    add_profile_option(s, "the sim workers (--sim-workers): ")
     s.add_argument("--sim-time-scale", type=float, default=None,
                    help="the sim workers run this many times faster than real time (default: "
                    "--speedup, the trace's own load); they see speedup / this times the "

@@ -16,6 +16,15 @@ One engine step (vLLM / SGLang style, all numbers configurable, defaults are ass
   taken from running requests in admission order; cost ``tokens / prefill_tokens_per_s``.
 - *Decode*: every request past prefill gets one token per step; a step costs
   ``step_overhead_s + decode_s_per_seq * batch``.
+- With a GPU profile (``WorkerModelConfig.profile``, :mod:`traces.gpu_profile`, measured on
+  real GPUs) the same steps are priced by their work instead: each chunk of ``s`` tokens after
+  ``p`` already in the cache (cached or computed by earlier chunks) costs
+  ``a*s + c*(s*p + s**2/2)``, a step that carries prefill ``d`` once more; a decode step costs
+  ``base + per_sequence*batch + per_context_token*context``, ``context`` every running
+  sequence's prompt and output so far; a step that carries both costs
+  ``max(d + chunks, base) + the decode's context terms`` (one forward pass: the chunks'
+  compute covers the weight reads a decode-only step waits for). CPU-tier loads move at
+  the profile's measured copy rate for their pieces.
 - A request's first token comes at the end of the step that finishes its prefill; its blocks
   stay cached, unlocked, after it finishes, until evicted.
 
@@ -52,7 +61,10 @@ cache but computes no prompt token: its first token comes one step after admissi
 Decode-only stretches are simulated in one event: while nothing is waiting and no prefill
 is pending, the batch only changes when a request finishes, so the model jumps straight to
 that step (or to the step boundary after an arrival). A long trace thus costs a few events
-per request, not one per decode step.
+per request, not one per decode step. Under a profile the steps of a stretch grow by
+``per_context_token * batch`` each (every sequence one token longer), an arithmetic series
+the model sums and inverts in closed form; the batch's context is a running sum (each
+sequence's prompt and the step it started decoding at), so no step loops over sequences.
 """
 
 from __future__ import annotations
@@ -62,7 +74,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -71,7 +83,8 @@ from router.cache.block_hash import KEY_TOKENS, TOKEN_BYTES, keys_as_tokens
 from router.cache.block_lru import BlockLRU
 from router.cache.lora import adapter_blocks
 from router.cache.radix_tree import RadixTree, TreeNode
-from traces import kv_transfer
+from traces import gpu_profile, kv_transfer
+from traces.gpu_profile import GpuProfile
 from traces.record import BLOCK_TOKENS
 
 KV_LOAD_GBPS = 20.0
@@ -95,6 +108,9 @@ class WorkerModelConfig:
     cpu_kv_capacity_tokens: int = 0  # the host-memory KV tier (0: none)
     kv_load_gbps: float = KV_LOAD_GBPS  # host to GPU, GB/s (1e9 bytes)
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN  # all layers
+    # measured step costs (traces/gpu_profile.py); None: the flat rates above price prefill,
+    # decode and CPU-tier loads. Default: gpu_profile.DEFAULT_PROFILE (flat for now)
+    profile: GpuProfile | None = field(default_factory=gpu_profile.default_profile)
 
     def __post_init__(self) -> None:
         if self.cpu_kv_capacity_tokens < 0 or self.kv_bytes_per_token < 0:
@@ -112,10 +128,42 @@ class WorkerModelConfig:
 
     def load_s(self, tokens: int) -> float:
         """Seconds to load ``tokens`` tokens' KV from the CPU tier into the GPU."""
+        if self.profile is not None:
+            return self.profile.load_s(tokens)
         return tokens * self.kv_bytes_per_token / (self.kv_load_gbps * 1e9)
 
-    def decode_step_s(self, batch: int) -> float:
-        return self.step_overhead_s + self.decode_s_per_seq * batch
+    @property
+    def prefill_step_s(self) -> float:
+        """The fixed cost of an engine step that carries prefill (and no decode)."""
+        return self.step_overhead_s if self.profile is None else self.profile.d
+
+    def prefill_work_s(self, tokens: Any, cached: Any = 0) -> Any:
+        """The prefill of ``tokens`` new tokens after ``cached`` ones, less the steps' fixed
+        costs (scalars or numpy arrays): chunking it adds :attr:`prefill_step_s` per step."""
+        if self.profile is None:
+            return tokens / self.prefill_tokens_per_s
+        return self.profile.prefill_work_s(tokens, cached)
+
+    def step_s(self, prefill_s: float | None, batch: int, context: int = 0) -> float:
+        """One engine step: chunks of ``prefill_s`` work (:meth:`prefill_work_s`; None: no
+        prefill) beside a decode batch of ``batch`` sequences holding ``context`` tokens."""
+        p = self.profile
+        if p is None:
+            step = self.step_overhead_s + self.decode_s_per_seq * batch
+            return step if prefill_s is None else step + prefill_s
+        if prefill_s is None:
+            return p.decode_step_s(batch, context)
+        decode = p.decode_per_sequence * batch + p.decode_per_context_token * context
+        return max(p.d + prefill_s, p.decode_base if batch else 0.0) + decode
+
+    def decode_step_s(self, batch: int, context: int = 0) -> float:
+        """A decode-only step of ``batch`` sequences holding ``context`` tokens in all."""
+        return self.step_s(None, batch, context)
+
+    def decode_growth_s(self, batch: int) -> float:
+        """How much longer each decode step of a stretch gets than the one before (each
+        sequence one token longer); 0 for the flat model."""
+        return 0.0 if self.profile is None else self.profile.decode_per_context_token * batch
 
 
 def add_model_options(p: argparse.ArgumentParser, kv_help: str) -> None:
@@ -173,6 +221,31 @@ def add_model_options(p: argparse.ArgumentParser, kv_help: str) -> None:
         help="CPU tier to GPU KV load bandwidth, GB/s (1e9 bytes); a token's KV is "
         "--kv-bytes-per-token",
     )
+    add_profile_option(p)
+
+
+def add_profile_option(p: argparse.ArgumentParser, whose: str = "") -> None:
+    """``--gpu-profile``: the measured step costs (also ``sweep``'s, for its sim workers:
+    ``whose`` says so in the help)."""
+    names = ", ".join(gpu_profile.profile_names())
+    p.add_argument(
+        "--gpu-profile",
+        type=_profile_arg,
+        default=gpu_profile.DEFAULT_PROFILE,
+        metavar="NAME|FILE",
+        help=f"{whose}price prefill chunks, decode steps and CPU-tier loads as measured on a GPU: "
+        f"one of {names}, or a profile JSON file (bench/gpu/README.md); 'flat': the flat "
+        "model of --prefill-tokens-per-s, --step-overhead-ms, --decode-ms-per-seq and "
+        "--kv-load-gbps, which a profile replaces",
+    )
+
+
+def _profile_arg(text: str) -> GpuProfile | None:
+    """``--gpu-profile``'s value loaded (argparse reports a bad one in one line)."""
+    try:
+        return gpu_profile.resolve(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
@@ -188,8 +261,15 @@ def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModel
         cpu_kv_capacity_tokens=args.cpu_kv_capacity_tokens,
         kv_load_gbps=args.kv_load_gbps,
         kv_bytes_per_token=getattr(args, "kv_bytes_per_token", kv_transfer.BYTES_PER_TOKEN),
+        profile=_args_profile(args),
         **more,
     )
+
+
+def _args_profile(args: argparse.Namespace) -> GpuProfile | None:
+    """``args.gpu_profile`` as parsed (a name or file when set by hand; the default if none)."""
+    value = getattr(args, "gpu_profile", gpu_profile.DEFAULT_PROFILE)
+    return gpu_profile.resolve(value) if isinstance(value, str) else value
 
 
 def model_argv(config: WorkerModelConfig) -> list[str]:
@@ -205,7 +285,13 @@ def model_argv(config: WorkerModelConfig) -> list[str]:
         "--cpu-kv-capacity-tokens", str(config.cpu_kv_capacity_tokens),
         "--kv-load-gbps", repr(config.kv_load_gbps),
         "--kv-bytes-per-token", str(config.kv_bytes_per_token),
+        "--gpu-profile", profile_arg(config.profile),
     ]  # fmt: skip
+
+
+def profile_arg(profile: GpuProfile | None) -> str:
+    """``--gpu-profile``'s value that loads ``profile`` again (flat for None)."""
+    return gpu_profile.FLAT if profile is None else profile.source
 
 
 @dataclass(eq=False)
@@ -292,6 +378,9 @@ class WorkerModel:
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: deque[SimRequest] = deque()  # admitted, prefill not done
         self.decoding: list[tuple[int, int, SimRequest]] = []  # heap by finish_at
+        # the decoding batch's context tokens at decode counter D are this + D * batch: each
+        # sequence adds its prompt and output less the counter it finishes at
+        self._context_base = 0
         self._seq = 0
         self.decode_counter = 0
         self.extra_blocks = 0
@@ -300,7 +389,8 @@ class WorkerModel:
         self.next_event: float | None = None
         self.version = 0  # bumped whenever next_event changes (stale wake-ups are ignored)
         self._span_start = 0.0
-        self._span_step = 0.0
+        self._span_step = 0.0  # the first step's length; each next one _span_growth longer
+        self._span_growth = 0.0
         self._span_steps = 0
         self._prefill_plan: list[tuple[SimRequest, int]] = []
         # LoRA: adapters resident on the GPU (least recently used first), those running
@@ -322,6 +412,15 @@ class WorkerModel:
     @property
     def used_blocks(self) -> int:
         return self.cache.total_tokens // KEY_TOKENS + self.extra_blocks
+
+    @property
+    def decode_context(self) -> int:
+        """The decoding batch's context tokens for its next step (prompts and output so far)."""
+        return self._context_base + self.decode_counter * len(self.decoding)
+
+    def decode_step_s(self) -> float:
+        """What a decode-only step of the batch costs now (the sim worker paces tokens by it)."""
+        return self.config.decode_step_s(max(1, len(self.decoding)), self.decode_context)
 
     def waiting_adapters(self) -> list[str]:
         """The adapters of waiting requests, in queue order, once each."""
@@ -402,13 +501,35 @@ class WorkerModel:
             self._span_steps == 0 and not self._prefill_plan and self.next_event > now
         ):  # idle, or only waiting for a load to end: start a step right away
             self._span_start, self._span_step, self._span_steps = now, 0.0, 0
+            self._span_growth = 0.0
             self._prefill_plan = []
             self._wake_at(now)
         elif self._span_steps > 1:  # in a decode-only stretch: stop at the next boundary
-            done = max(1, math.ceil((now - self._span_start) / self._span_step - 1e-12))
+            done = self._steps_until(now - self._span_start)
             if done < self._span_steps:
                 self._span_steps = done
-                self._wake_at(self._span_start + done * self._span_step)
+                self._wake_at(self._span_start + self._steps_s(done))
+
+    def _steps_s(self, k: int) -> float:
+        """The first ``k`` steps of the stretch in flight, in seconds."""
+        if self._span_growth == 0.0:
+            return k * self._span_step
+        return k * self._span_step + self._span_growth * (k * (k - 1) // 2)
+
+    def _steps_until(self, elapsed: float) -> int:
+        """The fewest steps (>= 1) of the stretch in flight that take ``elapsed`` or more."""
+        step, growth = self._span_step, self._span_growth
+        if growth == 0.0:
+            return max(1, math.ceil(elapsed / step - 1e-12))
+        # k*step + growth*k*(k-1)/2 >= elapsed: the quadratic's root, then exact steps
+        half = step - growth / 2
+        k = max(1, math.ceil((math.sqrt(half * half + 2 * growth * elapsed) - half) / growth))
+        tol = 1e-12 * max(1.0, elapsed)
+        while k > 1 and self._steps_s(k - 1) >= elapsed - tol:
+            k -= 1
+        while self._steps_s(k) < elapsed - tol:
+            k += 1
+        return k
 
     def advance(self, now: float) -> None:
         """Handle the step boundary at ``now`` (== :attr:`next_event`): complete the step,
@@ -426,7 +547,9 @@ class WorkerModel:
         self._prefill_plan = []
         self.decode_counter += self._span_steps
         while self.decoding and self.decoding[0][0] <= self.decode_counter:
-            self._finish(heapq.heappop(self.decoding)[2], now)
+            req = heapq.heappop(self.decoding)[2]
+            self._context_base -= req.input_length + req.output_length - req.finish_at
+            self._finish(req, now)
         for req in finished_prefill:
             self.prefilling.remove(req)
             if self.observer is not None:
@@ -438,6 +561,8 @@ class WorkerModel:
                 self._finish(req, now)
             else:
                 req.finish_at = self.decode_counter + req.output_length - 1
+                # its next step's context: the prompt and one token, one more each step
+                self._context_base += req.input_length + req.output_length - req.finish_at
                 self._seq += 1
                 heapq.heappush(self.decoding, (req.finish_at, self._seq, req))
 
@@ -587,21 +712,30 @@ class WorkerModel:
                 take = min(budget, req.prefill_left)
                 plan.append((req, take))
                 budget -= take
+        context = self.decode_context if batch else 0
+        self._span_growth = 0.0
         if plan:
-            prefill_tokens = cfg.chunk_tokens - budget
-            step = cfg.decode_step_s(batch) + prefill_tokens / cfg.prefill_tokens_per_s + load_s
+            if cfg.profile is None:
+                work = (cfg.chunk_tokens - budget) / cfg.prefill_tokens_per_s
+            else:  # each chunk after what its request has in the cache already
+                work = sum(
+                    cfg.profile.prefill_work_s(take, req.input_length - req.prefill_left)
+                    for req, take in plan
+                )
+            step = cfg.step_s(work, batch, context) + load_s
             self._prefill_plan = plan
             self._span_start, self._span_step, self._span_steps = now, step, 1 if batch else 0
             self._wake_at(now + step)
         elif batch:
-            step = cfg.decode_step_s(batch)
+            self._span_start, self._span_step = now, cfg.decode_step_s(batch, context)
+            self._span_growth = cfg.decode_growth_s(batch)
             steps = max(1, self.decoding[0][0] - self.decode_counter)
             if self.waiting:
                 steps = 1  # retry admission at every boundary
             elif loaded_at is not None:  # a load ends: its request joins at the next boundary
-                steps = min(steps, max(1, math.ceil((loaded_at - now) / step - 1e-12)))
-            self._span_start, self._span_step, self._span_steps = now, step, steps
-            self._wake_at(now + steps * step)
+                steps = min(steps, self._steps_until(loaded_at - now))
+            self._span_steps = steps
+            self._wake_at(now + self._steps_s(steps))
         elif loaded_at is not None:  # nothing to run until a load ends
             self._prefill_plan = []
             self._span_start, self._span_step, self._span_steps = now, 0.0, 0

@@ -10,7 +10,8 @@ admitted before it arrived.
 
 Streaming: the first token is sent when the model produces it, the last when the model
 finishes the request. Between them tokens are paced by an estimate, one per decode step of
-the current batch (``step_overhead + decode_per_seq * batch``), never running ahead of the
+the current batch (``step_overhead + decode_per_seq * batch``, or its GPU profile's price of
+the batch's context), never running ahead of the
 second-to-last token; chunked-prefill steps make real steps longer than the estimate, so the
 tail may arrive in a burst at the finish. Timing is therefore exact for TTFT and end-to-end
 latency and approximate in between.
@@ -180,9 +181,8 @@ class RealTimeWorker:
         t_first = await handle.first
         emitted = 1
         yield 1
-        cfg = self.model.config
         while emitted < n and not handle.done.done():
-            step = cfg.decode_step_s(max(1, len(self.model.decoding)))
+            step = self.model.decode_step_s()
             due = min(n - 1, 1 + int((self.now() - t_first) / step))
             if due > emitted:
                 emitted = due

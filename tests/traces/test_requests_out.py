@@ -1,0 +1,64 @@
+"""``simulate --requests-out``: one JSON line per request and policy, through the real CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from router.cli import main
+from traces.cap import build_capped_trace
+from traces.formats import load_trace
+from traces.requests_out import request_lines
+from traces.simulate import make_sim_picker
+from traces.simulator import SimConfig, simulate
+
+FIELDS = {"policy", "index", "request_id", "session_id", "turn", "status", "arrival_s", "ttft_s",
+          "e2e_s", "input_length", "output_length", "cached_tokens", "estimated_tokens",
+          "worker"}  # fmt: skip
+
+
+def test_every_request_of_every_policy(tmp_path: Path, data: Path) -> None:
+    path = data / "mooncake_conversation_head200.jsonl"
+    out = tmp_path / "requests.jsonl"
+    argv = ["simulate", "--trace", str(path), "--workers", "2", "--policies", "ttft,capped",
+            "--max-turns", "1", "--gpu-profile", "h100-llama8b", "--out", str(tmp_path),
+            "--no-plots", "--no-hit-gap", "--requests-out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["gpu_profile"] == "h100-llama8b"
+    trace = load_trace(path)
+    capped = build_capped_trace(trace, 1)
+    by_policy = {p: [x for x in lines if x["policy"] == p] for p in ("ttft", "capped")}
+    assert len(lines) == len(trace) + len(capped) == 200 + 193
+    assert [x["index"] for x in by_policy["ttft"]] == list(range(200))
+    # capped runs a subset of the same requests: their positions in the full trace
+    assert [x["index"] for x in by_policy["capped"]] == [r.request_id for r in capped]
+    for name, rows in by_policy.items():
+        assert all(set(x) == FIELDS for x in rows)
+        assert all(x["status"] == "ok" and x["worker"] in (0, 1) for x in rows)
+        for x in rows:
+            req = trace[x["index"]]
+            assert (x["input_length"], x["session_id"], x["request_id"]) == (
+                req.input_length, req.session_id, req.request_id,
+            )  # fmt: skip
+        entry = document["policies"][name]
+        ttft = np.array([x["ttft_s"] for x in rows])
+        assert np.percentile(ttft, 90) == pytest.approx(entry["ttft_p90"], abs=1e-5)
+        cached = sum(x["cached_tokens"] for x in rows)
+        assert cached / sum(x["input_length"] for x in rows) == pytest.approx(entry["hit_rate"])
+
+
+def test_a_rejected_request_has_no_ttft(data: Path) -> None:
+    """Flow control's refusals: status rejected, no TTFT or end-to-end time."""
+    trace = load_trace(data / "mooncake_conversation_head200.jsonl")[:5]
+    run = simulate(trace, make_sim_picker("ttft"), SimConfig(workers=1), "ttft")
+    refused = dataclasses.replace(run, rejected=np.array([False, True, False, False, False]))
+    lines = list(request_lines(refused, trace, [10, 11, 12, 13, 14]))
+    assert [x["index"] for x in lines] == [10, 11, 12, 13, 14]
+    assert lines[1]["status"] == "rejected" and lines[1]["ttft_s"] is None
+    assert lines[0]["status"] == "ok" and lines[0]["ttft_s"] > 0
