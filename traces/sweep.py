@@ -44,6 +44,7 @@ from router.validation import (
     TOKENS,
     WORKERS_OR_NONE,
     integer,
+    refuse,
 )
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.fleet import reset_caches, router, scrape, sim_workers, time_scaled_router_args
@@ -173,7 +174,10 @@ def report_outcomes(document: dict, outcomes: Sequence[ReplayOutcome], out: Path
 
 
 def _replay_main(args: argparse.Namespace) -> int:
-    trace = select(load_trace(args.trace), args)
+    try:
+        trace = select(load_trace(args.trace), args)
+    except (OSError, ValueError) as exc:
+        return refuse("replay", exc)
     cfg = _replay_config(args, args.url, args.salt, args.worker_metrics or ())
     started = time.perf_counter()
     outcome = asyncio.run(replay(trace, cfg, args.name))
@@ -264,7 +268,13 @@ def _wait_synced(url: str, n: int, timeout_s: float = 30.0) -> None:
 
 
 def _sweep_main(args: argparse.Namespace) -> int:
-    trace = select(load_trace(args.trace), args)
+    if not args.worker and not args.sim_workers:
+        return refuse("sweep", "give --worker URL ... or --sim-workers N")
+    try:
+        trace = select(load_trace(args.trace), args)
+        parse_policies(args.policies)
+    except (OSError, ValueError) as exc:
+        return refuse("sweep", exc)
     document, outcomes = run_sweep(trace, args)
     report_outcomes(document, outcomes, Path(args.out))
     return 0 if all(o.run.requests > 0 for o in outcomes) else 1

@@ -225,3 +225,27 @@ def test_serve_and_epp_print_a_settings_error_on_one_line(monkeypatch, capsys) -
         err = capsys.readouterr().err
         why = "argument --flow-queue-ttl-s: must be > 0, not -1"
         assert err == f"cache-router {command}: error: {why}\n"
+
+
+def test_a_commands_own_checks_are_one_line_exit_2(tmp_path, capsys) -> None:
+    """What only the command can check (options together, the trace's file) stops it with
+    the same one line and exit 2, before anything starts: no traceback."""
+    absent = str(tmp_path / "absent.jsonl")
+    for argv, why in [
+        (["sweep", "--trace", absent], "give --worker URL ... or --sim-workers N"),
+        (["sweep", "--trace", absent, "--sim-workers", "1"], "no such file"),
+        (["replay", "--trace", absent, "--url", "http://127.0.0.1:1"], "no such file"),
+        (["simulate", "--trace", absent], "no such file"),
+        (["simulate", "--trace", absent, "--prefill-workers", "2"], "no such file"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"cache-router {argv[0]}: error: ") and err.count("\n") == 1, err
+        assert why in err, err
+    with pytest.raises(SystemExit) as exc:  # an SLO's seconds: the rule of every duration
+        main(["capacity", "--trace", absent, "--slo", "ttft_p90=1e400"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        "cache-router capacity: error: argument --slo: bad SLO 'ttft_p90=1e400': seconds must "
+        "be a finite number, not inf\n"
+    )
