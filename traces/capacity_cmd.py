@@ -53,7 +53,7 @@ from traces.capacity_report import capacity_document, capacity_table, write_capa
 from traces.formats import load_trace
 from traces.hit_gap import CeilingHits
 from traces.hit_gap_report import gap_metrics
-from traces.record import TraceRequest
+from traces.record import TraceRequest, first_too_long
 from traces.simulate import (
     add_simulation_options,
     config_from_args,
@@ -281,7 +281,21 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
     trace = select_requests(trace, args)
     if len(trace) < 2:
         raise ValueError("a capacity search needs a trace of at least 2 requests")
+    if trace[-1].arrival <= trace[0].arrival:
+        raise ValueError(
+            f"all {len(trace)} requests arrive at one instant: a speedup does not change a "
+            "single burst, so there is no load to search (simulate it instead)"
+        )
     config = config_from_args(args)
+    if args.live and args.worker:  # the given workers are the fleet
+        config = replace(config, workers=len(args.worker))
+    too_long = None if args.live and args.worker else first_too_long(trace, config.context_tokens)
+    if too_long is not None:
+        raise ValueError(
+            f"{too_long.where()}: {too_long.context_tokens:,} tokens (prompt + output) exceed "
+            f"a worker's context of {config.context_tokens:,}: the engine refuses it (400) at "
+            "every load; drop it or raise --kv-capacity-tokens"
+        )
     if not config.disaggregated and not args.live and not args.no_hit_gap:
         config = replace(config, hit_gap=True)
     if config.pacing != "open":
@@ -295,10 +309,14 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
     bounds = fleet_bounds(trace, config)
     grid = grid_from_args(args, bounds)
     mode = "live" if args.live else "offline"
+    kv = (
+        "KV as they have it"
+        if args.live and args.worker
+        else f"KV {config.worker.kv_capacity_tokens:,} tokens/worker"
+    )
     print(
         f"capacity ({mode}) of {len(policies)} policies at {', '.join(map(str, slos))}: "
-        f"{len(trace)} requests, {config.fleet_size} workers, KV "
-        f"{config.worker.kv_capacity_tokens:,} tokens/worker; loads {grid.min_load:.3g}x to "
+        f"{len(trace)} requests, {config.fleet_size} workers, {kv}; loads {grid.min_load:.3g}x to "
         f"{grid.max_load:.3g}x the trace, from {grid.start:g}x in steps of {grid.factor:g}x",
         file=sys.stderr,
     )

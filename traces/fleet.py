@@ -216,6 +216,19 @@ def reset_caches(urls: Sequence[str]) -> bool:
     return ok
 
 
+def check_reachable(urls: Sequence[str], timeout_s: float = 5.0) -> None:
+    """A ``ValueError`` naming the first of ``urls`` (given workers) whose ``GET /health``
+    does not answer 200: else the run fails later at the router placed in front of them,
+    whose error names the router's own port, not the worker."""
+    for url in urls:
+        try:
+            status = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).status_code
+        except httpx.HTTPError as exc:
+            raise ValueError(f"worker {url} is unreachable: {exc or type(exc).__name__}") from None
+        if status != 200:
+            raise ValueError(f"worker {url} is not healthy: GET /health answered {status}")
+
+
 START_TIMEOUT_S = 10.0
 
 

@@ -21,7 +21,9 @@ the TTFT floors' percentiles, the hit ceiling, the load ceiling); every policy t
 ``ttft_p90_x_bound``, ``ttft_p99_x_bound`` (its percentile over the floor's), and the table
 an "x bound" column beside each and a last row, ``bound``. ``simulate`` then splits each
 policy's gap to the hit ceiling into its causes: ``hit_gap`` per policy and a second table
-(traces/hit_gap_report.py).
+(traces/hit_gap_report.py). Requests the simulator refused (flow control's 429s, or a prompt
+past a worker's context, the engine's 400) are counted in ``rejected`` (the latter also in
+``rejected_too_long``) and left out of the latencies.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from policies.base import Picker
 from policies.registry import PICKER_NAMES, make_picker, picker_params
 from router.cache.worker_state import SHADOW_KINDS
@@ -49,7 +51,7 @@ from traces.hit_gap import CeilingHits, HitGap
 from traces.hit_gap_report import add_hit_gap, hit_gap_note, hit_gap_table
 from traces.oracle import ORACLE, OraclePicker
 from traces.pacing import PACINGS
-from traces.record import TraceRequest
+from traces.record import TraceRequest, first_too_long
 from traces.report import (
     add_bounds,
     bounds_note,
@@ -118,10 +120,22 @@ def hit_gaps(
     the runs that recorded their block states (``SimConfig.hit_gap``)."""
     ceilings = CeilingHits(pooled_blocks(config.workers, config.worker))
     return {
-        run.name: ceilings.gap(traces[run.name], run.block_states)
+        run.name: ceilings.gap(*_looked_up(traces[run.name], run))
         for run in runs
         if run.block_states is not None
     }
+
+
+def _looked_up(
+    trace: Sequence[TraceRequest], run: PolicyRun
+) -> tuple[Sequence[TraceRequest], np.ndarray]:
+    """The requests a worker looked up and their blocks' states: those refused as too long
+    (the engine's 400) leave the hit gap, as they leave the hit rate."""
+    if run.too_long is None:
+        return trace, run.block_states
+    kept = ~run.too_long
+    per_block = np.repeat(kept, [len(r.blocks) for r in trace])
+    return [r for r, k in zip(trace, kept, strict=True) if k], run.block_states[per_block]
 
 
 def cap_output(trace: Sequence[TraceRequest], max_tokens: int) -> list[TraceRequest]:
@@ -364,6 +378,7 @@ def run_and_report(
         ),
         file=sys.stderr,
     )
+    warn_too_long(trace, config.context_tokens)
     started = time.perf_counter()
     traces = policy_traces(trace, policies, args.max_turns)
     runs = run_policies(trace, policies, config, args.seed, progress=True, traces=traces)
@@ -399,11 +414,26 @@ def run_and_report(
     return document
 
 
+def warn_too_long(trace: Sequence[TraceRequest], context_tokens: int) -> None:
+    """One line on stderr when some requests exceed the workers' context: the simulator
+    refuses them as the engine would (400), and the report counts them as rejected."""
+    first = first_too_long(trace, context_tokens)
+    if first is not None:
+        count = sum(r.context_tokens > context_tokens for r in trace)
+        print(
+            f"{count} request(s) longer than a worker's context of {context_tokens:,} tokens "
+            f"(prompt + output), refused as the engine refuses them (400), the first at "
+            f"{first.where()}: {first.context_tokens:,} tokens",
+            file=sys.stderr,
+        )
+
+
 def fleet_bounds(trace: Sequence[TraceRequest], config: SimConfig) -> Bounds:
     """The trace's bounds on the fleet that prefills (a disaggregated fleet's prefill
     workers): traces/bounds.py."""
     workers = config.prefill_workers if config.disaggregated else config.workers
-    return trace_bounds(trace, workers, config.worker)
+    served = [r for r in trace if r.context_tokens <= config.context_tokens]  # the rest: 400
+    return trace_bounds(served, workers, config.worker)
 
 
 DISAGGREGATION_COLUMNS: tuple[tuple[str, str, str], ...] = (

@@ -37,6 +37,13 @@ token one step after admission). TTFT is arrival to the decode worker's first to
 the decode worker's. The prefill worker keeps the blocks cached as any finished request's
 (the transfer reads them while they are still fresh; the model does not pin them for it).
 
+A request no worker could take (its prompt plus ``max_tokens``, the output length, past
+``max_model_len``, by default the worker's GPU KV capacity, to which vLLM caps it; the sim
+worker does the same) is
+refused at its arrival, as the engine answers it 400: counted in ``rejected`` and
+``rejected_too_long``, never picked, booked or served, and left out of the hit rate's prompt
+tokens (no worker looked it up).
+
 Picks are timed with the wall clock (``pick_us``); everything else is virtual time.
 """
 
@@ -177,6 +184,10 @@ class SimConfig:
     # record where each missed prompt block was at admission (traces/miss_causes.py), for the
     # hit gap's split (traces/hit_gap.py); not on a disaggregated fleet
     hit_gap: bool = False
+    # the workers' context length (the sim worker's --max-model-len): a request whose prompt
+    # plus output exceeds it is refused, the engine's 400; None: the GPU KV capacity, to
+    # which vLLM caps it (a CPU tier does not lengthen it)
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.router_tiers not in ROUTER_TIERS:
@@ -190,6 +201,11 @@ class SimConfig:
         if self.prefill_workers < 0 or self.decode_workers < 0:
             raise ValueError("prefill_workers and decode_workers must be >= 0")
         kv_transfer.check(self)
+
+    @property
+    def context_tokens(self) -> int:
+        """The longest prompt plus output a worker accepts (``max_model_len``)."""
+        return self.max_model_len or self.worker.kv_capacity_tokens
 
     @property
     def disaggregated(self) -> bool:
@@ -248,6 +264,9 @@ class PolicyRun:
     # SimConfig.hit_gap: each prompt block's state at its request's admission, flat in trace
     # order (traces/miss_causes.py); None otherwise
     block_states: np.ndarray | None = None
+    # requests refused as an engine refuses a prompt past its context (module docstring);
+    # None: there were none
+    too_long: np.ndarray | None = None
 
     def latencies(self) -> dict[str, np.ndarray]:
         """Each request's TTFT and end-to-end time, and the TPOT of those that decode."""
@@ -296,10 +315,10 @@ class PolicyRun:
         latencies = self.latencies()
         ttft, e2e, tpot = latencies["ttft"], latencies["e2e"], latencies["tpot"]
         span = float(np.nanmax(self.finish) - self.arrival.min()) if self.requests else 0.0
-        prompt = float(self.input_length.sum()) or 1.0
-        per_worker = np.bincount(
-            self.worker, minlength=self.prefill_workers or self.inflight.shape[1]
-        )
+        kept = slice(None) if self.too_long is None else ~self.too_long  # reached a worker
+        prompt = float(self.input_length[kept].sum()) or 1.0
+        picked = self.worker[kept]
+        per_worker = np.bincount(picked, minlength=self.prefill_workers or self.inflight.shape[1])
         summary = {
             "requests": int(self.requests),
             "ttft_mean": float(ttft.mean()) if len(ttft) else 0.0,
@@ -317,12 +336,14 @@ class PolicyRun:
                 f"shadow_abs_error_{kind}": _error(est, self.cached, self.input_length)
                 for kind, est in self.estimates.items()
             },
-            "imbalance": float(per_worker.max() / per_worker.mean()) if self.requests else 0.0,
+            "imbalance": float(per_worker.max() / per_worker.mean()) if per_worker.any() else 0.0,
             "pick_us_p50": _pct(self.pick_us, 50),
             "pick_us_p99": _pct(self.pick_us, 99),
             "lora_swaps": self.lora_swaps,
             "wall_seconds": self.wall_seconds,
         }
+        if self.too_long is not None:
+            summary["rejected_too_long"] = int(self.too_long.sum())
         if self.decode_worker is not None:
             summary |= self._disaggregated_summary(prompt)
         if self.cpu_cached is not None:
@@ -342,19 +363,20 @@ class PolicyRun:
 
     def _disaggregated_summary(self, prompt: float) -> dict[str, float | int]:
         """Prefill hit rate (the same as ``hit_rate``), decode balance, transfer times."""
-        per_decode = np.bincount(self.decode_worker, minlength=self.decode_workers)
+        kept = slice(None) if self.too_long is None else ~self.too_long  # served ones
+        per_decode = np.bincount(self.decode_worker[kept], minlength=self.decode_workers)
         return {
             "prefill_workers": self.prefill_workers,
             "decode_workers": self.decode_workers,
             "prefill_hit_rate": float(self.cached.sum()) / prompt,
             "decode_imbalance": float(per_decode.max() / per_decode.mean())
-            if self.requests
+            if per_decode.any()
             else 0.0,
             # prompt tokens the decode workers already held (not transferred)
             "transfer_saved": 1.0 - float(self.transferred.sum()) / prompt,
-            "transfer_p50": _pct(self.transfer_s, 50),
-            "transfer_p90": _pct(self.transfer_s, 90),
-            "prefill_ttft_p50": _pct(self.prefill_done - self.arrival, 50),
+            "transfer_p50": _pct(self.transfer_s[kept], 50),
+            "transfer_p90": _pct(self.transfer_s[kept], 90),
+            "prefill_ttft_p50": _pct((self.prefill_done - self.arrival)[kept], 50),
         }
 
 
@@ -570,6 +592,8 @@ def simulate(
 
     flow = None
     rejected = np.zeros(n, dtype=bool)
+    context = config.context_tokens
+    too_long = np.fromiter((r.context_tokens > context for r in trace), dtype=bool, count=n)
     if config.flow_control:
         flow = FlowQueue(Limits(config.flow_queue_max, 0, config.flow_queue_ttl_s))
     default_rate = config.worker.prefill_tokens_per_s
@@ -691,6 +715,9 @@ def simulate(
         else:
             _, i = heapq.heappop(arrivals)
             sent_at[i] = arrival
+        if too_long[i]:  # the engine's 400: answered at once, nothing booked
+            refuse(i, arrival)
+            continue
         req = trace[i]
         features = RequestFeatures(
             blocks=req.blocks,
@@ -745,7 +772,9 @@ def simulate(
         run.block_states = ledger.states
     if config.worker.cpu_kv_capacity_tokens > 0:
         run.cpu_cached, run.cpu_estimated = cpu_cached, cpu_estimated
-    if flow is not None or any(r.priority or r.tenant is not None for r in trace):
+    if too_long.any():
+        run.too_long = too_long
+    if flow is not None or too_long.any() or any(r.priority or r.tenant is not None for r in trace):
         run.rejected = rejected
         run.priority = np.array([r.priority for r in trace], dtype=np.int64)
         run.tenant = np.array([r.tenant or DEFAULT_FLOW for r in trace])

@@ -47,7 +47,14 @@ from router.validation import (
     refuse,
 )
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
-from traces.fleet import reset_caches, router, scrape, sim_workers, time_scaled_router_args
+from traces.fleet import (
+    check_reachable,
+    reset_caches,
+    router,
+    scrape,
+    sim_workers,
+    time_scaled_router_args,
+)
 from traces.formats import load_trace
 from traces.record import TraceRequest
 from traces.replay import ReplayConfig, ReplayOutcome, replay
@@ -173,11 +180,19 @@ def report_outcomes(document: dict, outcomes: Sequence[ReplayOutcome], out: Path
     print(f"{document['wall_seconds']:.1f} s; wrote {', '.join(str(p) for p in written)}")
 
 
-def _replay_main(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace, command: str) -> list[TraceRequest] | None:
+    """The selected trace, or None after one line on stderr (a bad trace line, no file)."""
     try:
-        trace = select(load_trace(args.trace), args)
+        return select(load_trace(args.trace), args)
     except (OSError, ValueError) as exc:
-        return refuse("replay", exc)
+        refuse(command, exc)
+        return None
+
+
+def _replay_main(args: argparse.Namespace) -> int:
+    trace = _load(args, "replay")
+    if trace is None:
+        return 2
     cfg = _replay_config(args, args.url, args.salt, args.worker_metrics or ())
     started = time.perf_counter()
     outcome = asyncio.run(replay(trace, cfg, args.name))
@@ -209,6 +224,8 @@ def run_sweep(
         workers = [s.url for s in sims] or list(args.worker)
         if not workers:
             raise ValueError("give --worker URL ... or --sim-workers N")
+        if not sims:
+            check_reachable(workers)
         for k, policy in enumerate(policies):
             clean = reset_caches(workers)
             salt = args.salt if clean else args.salt + 7919 * (k + 1)
@@ -268,14 +285,13 @@ def _wait_synced(url: str, n: int, timeout_s: float = 30.0) -> None:
 
 
 def _sweep_main(args: argparse.Namespace) -> int:
-    if not args.worker and not args.sim_workers:
-        return refuse("sweep", "give --worker URL ... or --sim-workers N")
+    trace = _load(args, "sweep")
+    if trace is None:
+        return 2
     try:
-        trace = select(load_trace(args.trace), args)
-        parse_policies(args.policies)
-    except (OSError, ValueError) as exc:
+        document, outcomes = run_sweep(trace, args)
+    except ValueError as exc:  # no workers, or a given worker unreachable
         return refuse("sweep", exc)
-    document, outcomes = run_sweep(trace, args)
     report_outcomes(document, outcomes, Path(args.out))
     return 0 if all(o.run.requests > 0 for o in outcomes) else 1
 

@@ -91,6 +91,12 @@ class ServiceUnavailable(
     """The router cannot take this request now: draining, or over its connection limit."""
 
 
+def shutting_down(message: str) -> ServiceUnavailable:
+    """A request the router held when it stopped (code ``shutdown``, Retry-After): another
+    replica, or this one restarted, can take it."""
+    return ServiceUnavailable(message, code="shutdown")
+
+
 class BadGateway(RouterError, status=502, error_type="upstream_error", code="upstream_unavailable"):
     """Every attempted worker failed before answering (connect error, reset)."""
 

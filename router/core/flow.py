@@ -18,7 +18,8 @@ A request arrives (already admitted: in flight, ``max_inflight``):
   ``TICK_S`` (the workers' prefill queues drain with time and first tokens). A request past
   its band's TTL: 429 ``flow_ttl``. A client that leaves while queued: taken out (counted
   ``client_disconnect``), its front end releases the rest as on any disconnect.
-- no healthy worker, or no worker for its model: it goes on, and the pick answers (503, 404).
+- no healthy worker, or no worker for its model: it goes on at once, whatever waits (the
+  pick answers 503 or 404 now: no wait can change that answer).
 
 After a request is released it is placed (picked and booked) before the dispatcher looks at
 the next one: the released task runs before the dispatcher resumes (the event loop's ready
@@ -26,7 +27,12 @@ queue is first in, first out), and picks and books without suspending, so the ne
 prediction sees its booking.
 
 Every request that enters ends exactly once in ``dispatched`` or ``rejected`` (by reason);
-``queued`` is read from the queue itself, so it cannot drift.
+``queued`` is read from the queue itself, so it cannot drift. The labels of all of them
+(band, flow) come from clients and are capped (:mod:`router.core.flow_labels`); the gauges
+have a sample (0) for every label pair counted so far, so an empty queue reads 0, not absent.
+
+When the router drains (SIGTERM) the queue is closed (:meth:`FlowControl.close`): what waits
+is answered 503 with Retry-After at once (``rejected`` reason ``shutdown``), as is what comes.
 """
 
 from __future__ import annotations
@@ -42,8 +48,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from policies.base import NoHealthyWorker
-from router.core.errors import TooManyRequests
+from router.core.errors import ServiceUnavailable, TooManyRequests, shutting_down
+from router.core.flow_labels import FlowLabels, bounded_snapshot
 from router.core.flow_queue import (
+    DEFAULT_FLOW,
     DISCONNECT,
     SHED,
     TTL,
@@ -62,9 +70,9 @@ from router.fleet.pool import ModelNotServed, WorkerPool
 
 log = logging.getLogger("cache_router.flow")
 
+SHUTDOWN = "shutdown"  # rejected at the drain's start (close): the router is stopping
 TICK_S = 0.01  # how often a saturated queue's head is looked at again, at most
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
-FLOW_LABELS_MAX = 100  # distinct flow labels in the metrics; later flows count as "other"
 MESSAGES = {
     SHED: "the fleet is saturated and this request is sheddable (negative priority)",
     TTL: "the request waited in the flow-control queue past its band's TTL",
@@ -103,9 +111,10 @@ class FlowControl:
             WAIT_BUCKETS,
         )
         self.last: Prediction | None = None  # the latest prediction, for the gauges
-        self._labels: set[str] = set()
+        self.labels = FlowLabels(self.objectives.values())
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
+        self.closed = False  # the router drains: nothing more waits (close)
         if registry is not None:
             registry.register(FlowCollector(self))
 
@@ -139,9 +148,16 @@ class FlowControl:
 
     async def enter(self, features: Any, c: Classified, size: int) -> None:
         """Return when the request may be placed; raise :class:`TooManyRequests` when it is
-        refused. Cancelled while waiting (its client left): taken out of the queue."""
+        refused (503 after :meth:`close`). Cancelled while waiting (its client left):
+        taken out of the queue."""
+        if self.closed:
+            raise self._shut(c.band, c.flow)
         now = self.clock()
-        full = self.is_saturated(features, now)
+        prediction = self.predict(features, now)
+        if prediction is None:  # no worker can take it: the pick's 404 / 503 now, not later
+            self._count_dispatched(c.band, c.flow, 0.0)
+            return
+        full = saturated(prediction, self.target_s)
         if not full and not self.queue.ahead_of(c.band):
             self._count_dispatched(c.band, c.flow, 0.0)
             return
@@ -166,7 +182,21 @@ class FlowControl:
         """``item``'s client left while it was queued: out of the queue, counted once
         (whichever of its task and the dispatcher sees it first)."""
         if self.queue.remove(item):
-            self._count(self.rejected, (str(item.band), self._label(item.flow), DISCONNECT))
+            self._count(self.rejected, (*self.labels.pair(item.band, item.flow), DISCONNECT))
+
+    def close(self) -> None:
+        """The router drains (SIGTERM): every request waiting here is answered 503 with
+        Retry-After now, rather than waiting through the drain for a dispatch that its
+        cut at the drain's end would undo; later ones are refused the same way. Each is
+        counted once, ``shutdown`` (one whose client had already left: ``client_disconnect``)."""
+        self.closed = True
+        while (item := self.queue.pop()) is not None:
+            future, _ = item.payload
+            if future.done():  # its client left (its task not resumed yet)
+                self._count(self.rejected, (*self.labels.pair(item.band, item.flow), DISCONNECT))
+            else:
+                future.set_exception(self._shut(item.band, item.flow))
+        self.wake()
 
     def wake(self) -> None:
         """A booking was released: look at the queue's head now."""
@@ -217,33 +247,30 @@ class FlowControl:
 
     # ---- counters ------------------------------------------------------------------------
 
-    def _label(self, flow: str) -> str:
-        labels = self._labels
-        if flow in labels:
-            return flow
-        if len(labels) < FLOW_LABELS_MAX:
-            labels.add(flow)
-            return flow
-        return "other"
-
     @staticmethod
     def _count(table: dict, key: tuple) -> None:
         table[key] = table.get(key, 0) + 1
 
     def _count_dispatched(self, band: int, flow: str, waited: float) -> None:
-        self._count(self.dispatched, (str(band), self._label(flow)))
-        self.wait.labels(str(band)).observe(waited)
+        key = self.labels.pair(band, flow)
+        self._count(self.dispatched, key)
+        self.wait.labels(key[0]).observe(waited)
 
     def _refuse(self, band: int, flow: str, reason: str) -> TooManyRequests:
-        self._count(self.rejected, (str(band), self._label(flow), reason))
+        self._count(self.rejected, (*self.labels.pair(band, flow), reason))
         return TooManyRequests(MESSAGES[reason], code="flow_" + reason)
 
+    def _shut(self, band: int, flow: str) -> ServiceUnavailable:
+        self._count(self.rejected, (*self.labels.pair(band, flow), SHUTDOWN))
+        return shutting_down("the router is shutting down: the request was not sent to a worker")
+
     def describe(self) -> dict[str, Any]:
-        """The queue for ``/workers`` and the dashboard."""
+        """The queue for ``/workers/flow`` and the dashboard, under the metrics' labels
+        (bounded however many priorities and flows clients send)."""
         last = self.last
         return {
             "target_ttft_s": self.target_s,
-            **self.queue.snapshot(),
+            **bounded_snapshot(self.queue, self.labels),
             "predicted_ttft_s": round(last.ttft_s, 3) if last is not None else None,
             "dispatched": _nested(self.dispatched),
             "rejected": _nested(self.rejected),
@@ -287,14 +314,18 @@ class FlowCollector(Collector):
         queued_bytes = GaugeMetricFamily(
             PREFIX + "flow_queued_bytes", "Flow control: bytes queued", labels=["band"]
         )
-        for band, b in flow.queue.snapshot()["bands"].items():
-            queued_bytes.add_metric([band], b["bytes"])
-            by_label: dict[str, int] = {}
+        # every label pair counted so far has a sample, 0 while none of it waits
+        counts = dict.fromkeys(flow.labels.pairs, 0)
+        counts[("0", DEFAULT_FLOW)] = 0
+        sizes = dict.fromkeys((band for band, _ in counts), 0)
+        for band, b in bounded_snapshot(flow.queue, flow.labels)["bands"].items():
+            sizes[band] = b["bytes"]
             for name, f in b["flows"].items():
-                label = flow._label(name)
-                by_label[label] = by_label.get(label, 0) + f["queued"]
-            for label, n in by_label.items():
-                queued.add_metric([band, label], n)
+                counts[(band, name)] = f["queued"]
+        for (band, name), n in sorted(counts.items()):
+            queued.add_metric([band, name], n)
+        for band, n in sorted(sizes.items()):
+            queued_bytes.add_metric([band], n)
         dispatched = CounterMetricFamily(
             PREFIX + "flow_dispatched",
             "Flow control: requests released to placement",
@@ -313,8 +344,7 @@ class FlowCollector(Collector):
             PREFIX + "flow_predicted_ttft_seconds",
             "Flow control: the latest prediction of the best worker's TTFT",
         )
-        if flow.last is not None:
-            predicted.add_metric([], flow.last.ttft_s)
+        predicted.add_metric([], flow.last.ttft_s if flow.last is not None else 0.0)
         yield queued
         yield queued_bytes
         yield dispatched

@@ -9,7 +9,10 @@ No clock, no event loop, no I/O: every time is passed in, so ``serve``, the endp
   ``x-llm-d-inference-objective`` mapped through the configured objectives, else the body's
   ``priority`` (vLLM's field, lower first: band ``-priority``), else 0; the flow from the
   fairness header (GIE's ``x-llm-d-inference-fairness-id`` by default), else the API key's
-  tenant, else ``default``; the deadline from ``x-llm-d-slo-ttft-ms``.
+  tenant, else ``default``; the deadline from ``x-llm-d-slo-ttft-ms``. A priority is
+  clamped to [:data:`PRIORITY_MIN`, :data:`PRIORITY_MAX`]: any client may send one, and
+  past that range a number orders nothing a deployment uses, while every distinct band
+  costs the queue its own structures.
 - :class:`FlowQueue`: strict priority across bands; within a band, fair share across flows
   (least attained service in prompt tokens, divided by the flow's weight; a flow that was
   idle starts at the least attained service of the active ones, so it banks no credit);
@@ -40,6 +43,7 @@ FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 SLO_TTFT_HEADER = "x-llm-d-slo-ttft-ms"
 DEFAULT_FLOW = "default"
 FLOW_ID_MAX = 128  # characters of a client's flow id kept (longer ones are cut)
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000  # a band outside them counts as the nearest one
 
 # why a request left the queue without a worker (the ``reason`` label)
 QUEUE_FULL = "queue_full"
@@ -93,7 +97,8 @@ def classify(
         ms = _float(raw)
         if ms is not None and ms > 0:
             slo_s = ms / 1000.0
-    return Classified(band if band is not None else 0, flow, slo_s)
+    band = 0 if band is None else min(max(band, PRIORITY_MIN), PRIORITY_MAX)
+    return Classified(band, flow, slo_s)
 
 
 def _int(text: str) -> int | None:
@@ -165,6 +170,7 @@ class FlowQueue:
     """The queued requests in their dispatch order (see the module docstring)."""
 
     SERVED_MAX = 4096  # idle flows whose attained service is remembered, per band
+    BANDS_KEPT = 64  # empty bands kept (their flows' service); past it an emptied one goes
 
     def __init__(
         self,
@@ -265,6 +271,8 @@ class FlowQueue:
             served[item.flow] = flow.attained
         if not band.count and not band.flows:
             band.bytes = 0
+            if len(self.bands) > self.BANDS_KEPT:  # many priorities seen: forget this one
+                del self.bands[item.band]
 
     def expired(self, now: float) -> list[Waiting]:
         """Take out and return the requests whose TTL has passed at ``now``."""
@@ -329,6 +337,9 @@ def predicted_ttft(
     plus the load of what it finds in the worker's CPU KV tier (as the ttft picker prices it).
     A pure function of the workers' state. ``kv_limit`` > 0: a worker whose booked KV plus
     the prompt passes that fraction of its capacity is full; ``kv_full`` when every one is.
+    A worker with nothing booked is never full: a prompt above the limit's share of every
+    worker's KV goes once some worker can take it alone (the worker then answers it, as it
+    would without the router), instead of waiting out its TTL and its band behind it.
     Raises :class:`~policies.base.NoHealthyWorker` when none is healthy."""
     hits, loads, _ = estimate_tier_hits(features, views)
     length = features.input_length
@@ -353,7 +364,8 @@ def predicted_ttft(
             own = uncached / rate
         if kv_limit > 0 and full:
             capacity = view.kv_capacity_tokens
-            if not capacity or view.held_tokens + uncached <= kv_limit * capacity:
+            held = view.held_tokens
+            if not capacity or held <= 0 or held + uncached <= kv_limit * capacity:
                 full = False
     return Prediction(best, own, kv_limit > 0 and full)
 

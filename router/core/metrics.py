@@ -42,7 +42,8 @@ Metrics (labels):
 - with ``--flow-control`` (:mod:`router.core.flow`'s collector): ``flow_queued`` (band,
   flow), ``flow_queued_bytes`` (band), ``flow_dispatched_total`` (band, flow),
   ``flow_rejected_total`` (band, flow, reason), ``flow_wait_seconds`` (band),
-  ``flow_predicted_ttft_seconds``;
+  ``flow_predicted_ttft_seconds``; band and flow come from clients and are capped with
+  ``other`` (:mod:`router.core.flow_labels`);
 - by model (:func:`model_metrics`): ``model_requests_total`` (model, status),
   ``model_prompt_tokens_total``, ``model_estimated_hit_tokens_total``,
   ``model_reported_requests_total``, ``model_reported_prompt_tokens_total``,

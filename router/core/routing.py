@@ -22,6 +22,7 @@ the same way, on the same pool, pickers, shadows and counters:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,6 +98,15 @@ class RouterCore:
         self.correct = settings.correct_shadow
         self.max_inflight = settings.max_inflight
         self.flow = FlowControl(settings, pool, metrics.registry) if settings.flow_control else None
+        # the drain is over (router.service.server): the server cancels what still runs, and
+        # a front end answers such a request 503 ``shutdown`` where nothing was sent yet
+        self.drain_over = False
+
+    def drain(self) -> None:
+        """The router drains (SIGTERM): requests waiting in flow control's queue are
+        answered 503 at once, and no more wait there; those placed go on meanwhile."""
+        if self.flow is not None:
+            self.flow.close()
 
     # ---- 0. admission --------------------------------------------------------------------
 
@@ -196,12 +206,18 @@ class RouterCore:
         """With flow control: return when ``r`` may be placed (its turn, the fleet not
         saturated for it); a :class:`TooManyRequests` when it is refused. ``header``: the
         request's header by lower-case name; ``size``: its body's bytes. Calls on a stored
-        response (no prompt, one worker) pass."""
+        response (no prompt, one worker) pass. Cancelled while waiting (its client left, or
+        the gateway closed the stream): counted as unrouted ``client_disconnect``, as a
+        client that leaves mid-body is, so ``requests_total`` counts every request."""
         flow = self.flow
         if flow is None or r.endpoint == RESPONSE_CALL:
             return
         c = flow.classify(header, r.request.body, api_key)
-        await flow.enter(r.features, c, size)
+        try:
+            await flow.enter(r.features, c, size)
+        except asyncio.CancelledError:
+            self.unrouted(r.endpoint, "client_disconnect")
+            raise
 
     # ---- 2. and 3. the worker ------------------------------------------------------------
 

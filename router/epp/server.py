@@ -20,7 +20,9 @@ events, ``--state-url``, ``--processes``: N processes on both ports, sharing sta
 ``max_concurrent_streams`` in router/epp/envoy_config.py). ``serve``'s admission limits hold
 for the gateway's requests where the gateway does not hold them itself: in flight (429), body
 size (413), open streams (503); each flag's help says how. SIGTERM: the health service says
-NOT_SERVING, new streams are refused, streams in flight get ``shutdown_timeout_s`` to finish.
+NOT_SERVING, new streams are refused, streams in flight get ``shutdown_timeout_s`` to finish;
+with ``--flow-control`` those held in its queue are answered an ImmediateResponse 503
+``shutdown`` (Retry-After) at once (the HTTP server's drain closes the queue).
 """
 
 from __future__ import annotations

@@ -29,9 +29,13 @@ SGLang (``--enable-metrics``) names the same figures its own way
   token_usage``). SGLang pages are tokens (``page_size`` 1 by default), so no block size.
 
 Values are summed over label sets (several engines behind one server), except the usage,
-which is averaged. Only the lines of these families are parsed (vLLM's page is mostly
-histograms), with ``prometheus_client``'s parser. The simulated worker exports the same names,
-so the whole path is tested without vLLM; tests/integration runs it against real vLLM.
+which is averaged. A size past what any worker has (:data:`MAX_REPORTED`: block sizes, block
+counts, KV pools, LoRA slots, the CPU tier's bytes; or not finite) is a broken page, not a
+worker: it is read as not reported, so it neither sizes a shadow nor breaks ``GET
+/workers``' JSON (a capacity past 2**63 did). Only the lines of these families are parsed
+(vLLM's page is mostly histograms), with ``prometheus_client``'s parser. The simulated worker
+exports the same names, so the whole path is tested without vLLM; tests/integration runs it
+against real vLLM.
 """
 
 from __future__ import annotations
@@ -61,6 +65,17 @@ SGLANG = (SG_REALTIME, SG_HIT_RATE, SG_RUNNING, SG_WAITING, SG_USAGE, SG_MAX_TOK
 FAMILIES = (QUERIES, HITS, RUNNING, WAITING, USAGE, CACHE_CONFIG, LORA_INFO, *SGLANG)
 _MEANS = (USAGE, SG_USAGE, SG_HIT_RATE)  # ratios: averaged over label sets
 _PREFIXES = tuple(name + suffix for name in FAMILIES for suffix in ("{", " ", "_total"))
+MAX_REPORTED = 2**50
+"""The largest size a worker may report (tokens, blocks, bytes: a PiB of KV); past it the
+figure is ignored (module docstring)."""
+
+
+def _size(value: float | None) -> int | None:
+    """A reported size as an int, None unless it is finite, positive and at most
+    :data:`MAX_REPORTED`."""
+    if value is None or not 0 < value <= MAX_REPORTED:  # NaN compares false
+        return None
+    return round(value)
 
 
 @dataclass
@@ -87,7 +102,7 @@ class WorkerReading:
         """KV capacity in tokens, when the worker told both its block size and block count
         (vLLM) or its pool size (SGLang)."""
         if self.block_size and self.num_gpu_blocks:
-            return self.block_size * self.num_gpu_blocks
+            return _size(self.block_size * self.num_gpu_blocks)
         return self.pool_tokens
 
 
@@ -96,7 +111,7 @@ def _int_label(labels: dict[str, str], name: str) -> int | None:
         value = int(labels.get(name, ""))
     except ValueError:
         return None  # "None" before the engine has sized its cache
-    return value if value > 0 else None
+    return value if 0 < value <= MAX_REPORTED else None
 
 
 def _float_label(labels: dict[str, str], name: str) -> float | None:
@@ -140,10 +155,11 @@ def parse_worker_metrics(text: str) -> WorkerReading:
                 reading.block_size = _int_label(sample.labels, "block_size")
                 blocks = _int_label(sample.labels, "num_gpu_blocks")
                 if blocks is not None:
-                    reading.num_gpu_blocks = (reading.num_gpu_blocks or 0) + blocks
+                    reading.num_gpu_blocks = _size((reading.num_gpu_blocks or 0) + blocks)
                 gib = _float_label(sample.labels, "kv_offloading_size")
-                if gib is not None:
-                    reading.cpu_kv_bytes = (reading.cpu_kv_bytes or 0) + int(gib * 2**30)
+                tier = _size(gib * 2**30) if gib is not None else None
+                if tier is not None:
+                    reading.cpu_kv_bytes = _size((reading.cpu_kv_bytes or 0) + tier)
             elif name in FAMILIES:
                 sums[name] = sums.get(name, 0.0) + sample.value
     mean = {name: sum(v) / len(v) for name, v in means.items()}
@@ -176,7 +192,7 @@ def _sglang(
     used = sums.get(SG_USED_TOKENS)
     if not pool and used and usage:
         pool = used / usage  # versions without max_total_num_tokens
-    reading.pool_tokens = round(pool) if pool else None
+    reading.pool_tokens = _size(pool)
     return reading
 
 

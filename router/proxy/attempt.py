@@ -12,7 +12,13 @@ import logging
 import time
 
 from policies.base import Pick
-from router.core.errors import BadGateway, GatewayTimeout, RouterError, error_body
+from router.core.errors import (
+    BadGateway,
+    GatewayTimeout,
+    RouterError,
+    error_body,
+    shutting_down,
+)
 from router.core.routing import RouterCore
 from router.core.usage import MAX_SCANNED_BODY, UsageReader
 from router.fleet.pool import DECODE, Worker, same_side
@@ -120,7 +126,16 @@ class Attempts:
             await self.cut(ex, worker, exc, sse, send)
             return None
         except asyncio.CancelledError:
-            status_label = "client_disconnect" if ex.client_gone else "cancelled"
+            if ex.client_gone:
+                status_label = "client_disconnect"
+            elif self.core.drain_over:  # the server cut it at the drain's end
+                status_label = "shutdown"
+                if sse and not ex.responded:
+                    message = "the router is shutting down: the stream was cut"
+                    await end_stream(send, shutting_down(message).body())
+                    ex.responded = True
+            else:
+                status_label = "cancelled"
             raise
         except ClientGone:  # during a streamed upload
             status_label = "client_disconnect"
@@ -140,10 +155,8 @@ class Attempts:
         log.warning("stream from %s cut: %s", worker.url, exc)
         if sse and not ex.client_gone:
             message = f"worker {worker.url}: stream cut: {exc}"
-            error = error_body(message, "upstream_error", "worker_stream_cut")
             ex.responded = True
-            event = b"data: " + error + b"\n\ndata: [DONE]\n\n"
-            await send({"type": "http.response.body", "body": event, "more_body": False})
+            await end_stream(send, error_body(message, "upstream_error", "worker_stream_cut"))
 
     @staticmethod
     def server_error(ex: Exchange, worker: Worker, status: int, who: str) -> RouterError:
@@ -187,6 +200,13 @@ class Attempts:
             )
             or ex.kv_pending(worker) is not None
         )
+
+
+async def end_stream(send, error: bytes) -> None:
+    """End an event stream under way with ``error`` as its last event, as vLLM ends a
+    failed stream (then ``[DONE]``)."""
+    event = b"data: " + error + b"\n\ndata: [DONE]\n\n"
+    await send({"type": "http.response.body", "body": event, "more_body": False})
 
 
 async def held_whole(conn: Connection, data: bytes, timeout: float) -> tuple[bytes, bool]:

@@ -70,6 +70,7 @@ from router.core.errors import (
     TooManyRequests,
     Unauthorized,
     send_error,
+    shutting_down,
 )
 from router.core.flow import bearer_key
 from router.core.parse import CHAT, COMPLETION, STREAMED_BODIES
@@ -152,6 +153,12 @@ class Forwarder:
             self.core.unrouted(endpoint, "500")
             await send_error(send, RouterError("internal error in the router"))
             return
+        except asyncio.CancelledError:
+            if not self.core.drain_over:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            await self._shut(send, endpoint, None)
+            return
         watcher = None
         if channel is not None:
             ex.task = channel.task or asyncio.current_task()
@@ -180,9 +187,16 @@ class Forwarder:
         except ClientGone:  # during a streamed upload (the attempt released its booking)
             ex.client_gone = True
         except asyncio.CancelledError:
-            if not ex.client_gone:
+            if ex.client_gone:  # our own cancellation (client gone): the request is over
+                ex.task.uncancel()
+            elif self.core.drain_over and (ex.responded or not ex.started):
+                # the server's, at the drain's end: answered here (a stream under way was
+                # ended by its attempt); a body under way is cut by the server
+                ex.task.uncancel()
+                if not ex.started:
+                    await self._shut(send, endpoint, ex)
+            else:
                 raise
-            ex.task.uncancel()  # our own cancellation (client gone): the request is over
         finally:
             ex.finished = True  # from here on a disconnect must not cancel this task
             if channel is not None:
@@ -190,6 +204,16 @@ class Forwarder:
             elif watcher is not None and not watcher.done():
                 watcher.cancel()
             self.metrics.duration(endpoint).observe(time.perf_counter() - start)
+
+    async def _shut(self, send, endpoint: str, ex: Exchange | None) -> None:
+        """The drain ended before this request's answer started: 503 ``shutdown`` with
+        Retry-After (a worker's attempt counted it already, as ``shutdown``)."""
+        if ex is None or not ex.tried:
+            self.core.unrouted(endpoint, "503")
+        if ex is not None:
+            ex.responded = True
+        message = "the router is shutting down: the worker had not answered in time"
+        await send_error(send, shutting_down(message), [(b"connection", b"close")])
 
     async def _prepare(
         self, scope: dict, receive, kind: str, start: float, channel: RouterCycle | None

@@ -21,6 +21,7 @@ Errors use the OpenAI envelope, like the proxy's own.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,11 @@ log = logging.getLogger("cache_router.admin")
 
 
 def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+    try:
+        body = orjson.dumps(data)
+    except orjson.JSONEncodeError:  # orjson stops at 64-bit ints (a capacity flag past 2**63)
+        body = json.dumps(data, default=str).encode()
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def _error(error: RouterError) -> Response:

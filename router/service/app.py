@@ -117,6 +117,18 @@ class RouterApp:
         error = ServiceUnavailable(message, code=reason)
         await send_error(send, error, [(b"connection", b"close")])
 
+    def drain(self) -> None:
+        """The drain starts (SIGTERM, :class:`~router.service.server.Server`): routed
+        requests are refused from now on, and those waiting in flow control's queue are
+        answered 503 at once; those sent to a worker go on for ``shutdown_timeout_s``."""
+        self.draining = True
+        self.core.drain()
+
+    def drain_ended(self) -> None:
+        """The drain's time is over: the server cancels what still runs, and each request
+        whose answer has not started is answered 503 ``shutdown`` (Retry-After)."""
+        self.core.drain_over = True
+
     async def _admin(self, scope, receive, send) -> None:
         """Access rules, then the body (bounded), then the admin app."""
         need = self.access.need(scope["method"], scope["path"])

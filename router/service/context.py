@@ -36,3 +36,9 @@ class RouterContext(Protocol):
 
     async def __call__(self, scope, receive, send) -> None:
         """The ASGI application."""
+
+    def drain(self) -> None:
+        """The drain starts: refuse routed requests, answer flow control's queue 503."""
+
+    def drain_ended(self) -> None:
+        """The drain's time is over: what the server cancels now is answered 503."""

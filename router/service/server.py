@@ -30,11 +30,15 @@ taken whole with :meth:`RouterCycle.whole_body`); the app still answers it while
 over the connection limit.
 
 :class:`Server` marks the app as draining when SIGTERM / SIGINT arrives (new requests on
-kept-alive connections get 503 + ``Connection: close``; ``/health`` answers 503), then
-uvicorn stops accepting, waits for in-flight requests up to ``shutdown_timeout_s``, cancels
-what is left (every booking is released in ``finally`` blocks) and runs the lifespan
-shutdown. :func:`serve` then returns normally, so the process exits 0 (uvicorn re-raises the
-signal after a graceful shutdown, which would make the exit status 143 / -15).
+kept-alive connections get 503 + ``Connection: close``; ``/health`` answers 503), then stops
+accepting and drains (:meth:`Server.shutdown`): requests waiting in flow control's queue are
+answered 503 (Retry-After) at once; those sent to a worker go on up to ``shutdown_timeout_s``;
+what is left then is cancelled, and each such request whose answer had not started gets the
+OpenAI-style 503 ``shutdown`` with Retry-After (an event stream under way ends with an error
+event; any other started answer is cut), never uvicorn's text/plain 500 and traceback. Every
+booking is released in ``finally`` blocks, and the lifespan shutdown runs. :func:`serve` then
+returns normally, so the process exits 0 (uvicorn re-raises the signal after a graceful
+shutdown, which would make the exit status 143 / -15).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ import httptools
 import uvicorn
 
 from router.config import Settings
-from router.core.errors import RETRY_STATUSES, error_body
+from router.core.errors import RETRY_STATUSES, error_body, send_error, shutting_down
 from router.core.parse import GENERATION_PATHS
 from router.service.accept import Acceptor
 from router.service.context import RouterContext
@@ -73,6 +77,7 @@ from uvicorn.protocols.http.httptools_impl import (  # noqa: E402
 log = logging.getLogger("cache_router.server")
 
 RETRY_AFTER_S = 1
+CUT_GRACE_S = 1.0  # at the drain's end: how long the requests cancelled get to answer
 OVERLOADED_SCOPE_KEY = "cache_router.over_connection_limit"
 
 
@@ -170,6 +175,8 @@ class RouterCycle(RequestResponseCycle):
         for a generation request): the same safety net, without the app's dispatch."""
         try:
             await handler(self.scope, self.receive, self.send, endpoint, self)
+        except asyncio.CancelledError:
+            await self.cut()
         except BaseException as exc:
             self.logger.error("Exception in ASGI application\n", exc_info=exc)
             if not self.response_started:
@@ -185,6 +192,32 @@ class RouterCycle(RequestResponseCycle):
                 self.transport.close()
         finally:
             self.on_response = _nothing
+
+    async def run_asgi(self, app: Any) -> None:
+        """uvicorn's ``run_asgi``, with a request the server cancels answered by :meth:`cut`."""
+
+        async def guarded(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await app(scope, receive, send)
+            except asyncio.CancelledError:
+                await self.cut()
+
+        await super().run_asgi(guarded)
+
+    async def cut(self) -> None:
+        """The server cancelled this request (only its shutdown cancels a request's task: a
+        client that leaves is seen by the handler, which returns): the OpenAI-style 503
+        with Retry-After if nothing was answered yet, else the connection closed (a body
+        under way cannot say more). No traceback: the drain's end is no error."""
+        if self.disconnected or self.response_complete:
+            return
+        if not self.response_started:
+            self.keep_alive = False
+            message = "the router is shutting down: the request was not answered in time"
+            await send_error(self.send, shutting_down(message))
+        else:
+            self.transport.close()
+            self.disconnected = True  # nothing more goes out (uvicorn's checks after the app)
 
     def whole_body(self) -> bytes | None:
         """The request body if it is already whole (nearly every request body: it came with
@@ -697,6 +730,46 @@ class Server(uvicorn.Server):
             Acceptor(loop, sock, create_protocol, config.backlog) for sock in sockets
         ]
         self.started = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's graceful shutdown with the router's drain (see the module doc): stop
+        accepting, close idle connections, answer flow control's queue now, wait up to
+        ``shutdown_timeout_s`` for the requests under way, then cut what is left (each
+        answered 503 where its answer has not started), then the lifespan shutdown."""
+        logging.getLogger("uvicorn.error").info("Shutting down")
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        self.router_app.drain()
+        await asyncio.sleep(0.1)
+        try:
+            await asyncio.wait_for(
+                self._wait_tasks_to_complete(), timeout=self.config.timeout_graceful_shutdown
+            )
+        except TimeoutError:
+            await self._cut()
+        pool = self.router_app.pool
+        log.info(
+            "drained: %d request(s) in flight, %d booked on workers",
+            pool.stats.in_flight,
+            sum(w.state.num_requests for w in pool.workers),
+        )
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def _cut(self) -> None:
+        """The drain's time is over: cancel every request still running; each answers
+        (503 ``shutdown``, or its stream ended) and releases what it holds."""
+        tasks = list(self.server_state.tasks)
+        log.warning("drain over: %d request(s) still running, cut", len(tasks))
+        self.router_app.drain_ended()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CUT_GRACE_S)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self.router_app.draining:

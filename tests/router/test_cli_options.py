@@ -10,6 +10,7 @@ import argparse
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -169,6 +170,8 @@ def test_no_command_reads_a_number_without_a_rule() -> None:
     for command, sub in _commands(build_parser()):
         for action in sub._actions:
             assert action.type not in (int, float), (command, action.option_strings)
+    for name, info in Settings.model_fields.items():  # serve's numbers: a rule each
+        assert info.annotation not in (int, float) or field_rule(name) is not None, name
 
 
 def test_simulate_shares_serves_flow_rules() -> None:
@@ -231,8 +234,11 @@ def test_a_commands_own_checks_are_one_line_exit_2(tmp_path, capsys) -> None:
     """What only the command can check (options together, the trace's file) stops it with
     the same one line and exit 2, before anything starts: no traceback."""
     absent = str(tmp_path / "absent.jsonl")
+    sample = Path(__file__).parents[2] / "traces" / "data" / "conversation_sample.jsonl"
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(sample.read_text().splitlines(keepends=True)[:5]))
     for argv, why in [
-        (["sweep", "--trace", absent], "give --worker URL ... or --sim-workers N"),
+        (["sweep", "--trace", str(trace)], "give --worker URL ... or --sim-workers N"),
         (["sweep", "--trace", absent, "--sim-workers", "1"], "no such file"),
         (["replay", "--trace", absent, "--url", "http://127.0.0.1:1"], "no such file"),
         (["simulate", "--trace", absent], "no such file"),

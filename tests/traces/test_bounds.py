@@ -24,12 +24,13 @@ from traces.bounds import (
     ttft_floors,
 )
 from traces.formats import load_trace
-from traces.record import TraceRequest
+from traces.record import TraceFormatError, TraceRequest
 from traces.simulate import make_sim_picker, run_and_report
 from traces.simulator import SimConfig, simulate
 from traces.stats import hit_ceiling
 from traces.worker_model import WorkerModelConfig
 
+CONVERSATION = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
 MODEL = WorkerModelConfig()  # 8192-token chunks, 15k tokens/s, 12 ms a step
 
 
@@ -247,3 +248,14 @@ def test_simulate_reports_the_bounds(tmp_path: Path, data: Path) -> None:
     table = (tmp_path / "results.md").read_text()
     assert table.splitlines()[4].count("x bound") == 4
     assert "| bound | 200 |" in table and "load ceiling" in table
+
+
+def test_a_negative_timestamp_is_refused_not_rebased_into_the_span(tmp_path: Path) -> None:
+    """One line at -100 s (a typo) rebased to the trace's start stretched its span by 100 s:
+    the load ceiling (a speedup over that span) moved with it. It is refused, naming the line."""
+    lines = CONVERSATION.read_text().splitlines()[:50]
+    moved = lines[5].replace('"timestamp": ', '"timestamp": -100000, "was": ', 1)
+    path = tmp_path / "neg.jsonl"
+    path.write_text("\n".join([*lines[:5], moved, *lines[6:]]) + "\n")
+    with pytest.raises(TraceFormatError, match=f"{path}:6: field 'timestamp' must be >= 0"):
+        load_trace(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -193,3 +194,58 @@ def test_an_slo_below_the_fleet_bound_is_named() -> None:
     slos = [parse_slo(t) for t in ("ttft_p90=4", "ttft_p90=5", "ttft_p99=30", "e2e_p90=1")]
     assert below_bound(slos, bounds) == ["ttft_p90=4 (bound 4.770 s)"]
     assert below_bound([parse_slo("ttft_p95=1")], bounds) == []  # no bound at p95
+
+
+def test_capacity_refuses_a_single_burst_before_searching(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Requests that all share one timestamp: every speedup is the same burst, so no load to
+    search (it ran the whole search, then died dividing by the zero span): exit 2, one line."""
+    burst = tmp_path / "burst.jsonl"
+    burst.write_text(
+        "\n".join((data / "mooncake_conversation_head200.jsonl").read_text().splitlines()[:5])
+    )
+    assert all('"timestamp": 0' in line for line in burst.read_text().splitlines())
+    argv = ["capacity", "--trace", str(burst), "--workers", "2", "--policies", "ttft",
+            "--no-plots", "--no-hit-gap", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    printed = capsys.readouterr()
+    assert printed.err.strip().count("\n") == 0 and "one instant" in printed.err
+    assert "run 1" not in printed.err  # refused before the first simulation
+    assert not (tmp_path / "out").exists()
+
+
+def test_capacity_refuses_bad_and_too_long_lines_naming_them(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A bad trace line: exit 2, one line naming it; a line longer than a worker's context
+    (the engine's 400 at every load): exit 2 before searching, naming it."""
+    head = (data / "mooncake_conversation_head200.jsonl").read_text().splitlines()[:20]
+    path = tmp_path / "t.jsonl"
+    argv = ["capacity", "--trace", str(path), "--workers", "2", "--policies", "ttft",
+            "--no-plots", "--no-hit-gap", "--out", str(tmp_path / "out")]  # fmt: skip
+    for bad, said in (("Infinity", "must be an integer"), ("300000", "exceed")):
+        line = f'{{"timestamp": 9000, "input_length": {bad}, "output_length": 5, "hash_ids": [1]}}'
+        path.write_text("\n".join([*head, line]) + "\n")
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"{path}:21" in err and said in err, err
+        assert "Traceback" not in err
+
+
+def test_capacity_live_counts_and_names_the_given_workers(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--live --worker URL: the fleet is the given worker (it said 8 workers), and one that
+    does not answer is named (it named the router's internal port instead)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    argv = ["capacity", "--live", "--trace", str(data / "mooncake_conversation_head200.jsonl"),
+            "--max-requests", "20", "--worker", url, "--policies", "round_robin",
+            "--no-plots", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "20 requests, 1 workers" in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"cache-router capacity: error: worker {url} is unreachable: "), last

@@ -14,6 +14,7 @@ from policies.registry import make_picker
 from router.cli import main
 from traces.formats import load_trace
 from traces.pacing import predecessors
+from traces.record import TraceRequest
 from traces.simulate import run_policies
 from traces.simulator import SimConfig, simulate
 from traces.stats import hit_ceiling
@@ -204,3 +205,53 @@ def test_the_routers_reading_of_bodies_orders_and_delays_a_burst():
     assert not ps
     with pytest.raises(ValueError):
         SimConfig(ingest_bytes_per_s=-1.0)
+
+
+def test_a_prompt_past_the_context_is_refused_like_the_engines_400() -> None:
+    """A request whose prompt plus output exceeds a worker's context (its KV capacity, as the
+    sim worker and vLLM cap max_model_len) is refused at its arrival: counted, never served
+    (it once ran hours of prefill, or for ever), its session's next turn sent all the same."""
+    worker = WorkerModelConfig(kv_capacity_tokens=64 * 512)
+    fits = [TraceRequest(float(t), "a", t + 1, 2048, 8, (t,), request_id=t) for t in range(3)]
+    huge = TraceRequest(1.5, "b", 1, 2**32, 8, (100,), request_id=3, source="t.jsonl:9")
+    after = TraceRequest(2.5, "b", 2, 1024, 8, (101,), request_id=4)
+    trace = [fits[0], fits[1], huge, fits[2], after]
+    for i, r in enumerate(trace):
+        r.request_id = i
+    for pacing in ("open", "session"):
+        config = SimConfig(workers=2, worker=worker, pacing=pacing)
+        run = simulate(trace, make_picker("round_robin"), config)
+        assert list(run.rejected) == [False, False, True, False, False]
+        assert list(run.too_long) == list(run.rejected)
+        summary = run.summary()
+        assert summary["rejected"] == summary["rejected_too_long"] == 1
+        assert np.isnan(run.first_token[2]) and not np.isnan(run.first_token[[0, 1, 3, 4]]).any()
+        assert summary["ttft_p99"] < 5  # the served ones only
+        assert summary["hit_rate"] == float(run.cached.sum()) / (3 * 2048 + 1024)
+        # one token under the context is served
+        edge = replace(huge, input_length=64 * 512 - 8)
+        served = simulate([*trace[:2], edge, *trace[3:]], make_picker("round_robin"), config)
+        assert served.too_long is None and not np.isnan(served.first_token[2])
+
+
+def test_simulate_refuses_absurd_lines_and_counts_the_too_long(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The CLI: a 10**15-token line or a non-finite one is refused at parse time (exit 2, one
+    line naming the line); a 10**9-token one is simulated and counted as rejected."""
+    head = SAMPLE.read_text().splitlines()[:3]
+    for bad in ("1000000000000000", "1e30", "NaN", "Infinity", "-5"):
+        path = tmp_path / "bad.jsonl"
+        line = f'{{"timestamp": 5, "input_length": {bad}, "output_length": 5, "hash_ids": [1]}}'
+        path.write_text("\n".join([*head, line]) + "\n")
+        argv = ["simulate", "--trace", str(path), "--workers", "2", "--policies", "round_robin",
+                "--no-plots", "--no-hit-gap", "--out", str(tmp_path / "out")]  # fmt: skip
+        assert main(argv) == 2, bad
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"{path}:4: field 'input_length'" in err, err
+    path.write_text("\n".join([*head, line.replace("-5", "1000000000")]) + "\n")
+    assert main([*argv[:-1], str(tmp_path / "out")]) == 0
+    assert f"{path}:4" in capsys.readouterr().err  # the warning names the line
+    entry = json.loads((tmp_path / "out" / "results.json").read_text())["policies"]["round_robin"]
+    assert entry["requests"] == 4 and entry["rejected"] == entry["rejected_too_long"] == 1
+    assert entry["ttft_p99"] < 60

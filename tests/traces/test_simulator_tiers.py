@@ -24,9 +24,10 @@ SAMPLE = Path(traces.__file__).parent / "data" / "weka_agentic_sample.jsonl"
 GPU = 131_072
 # 2 workers with small GPU caches (the sample's prompts reach 256k tokens: eviction is
 # common) and a CPU tier of 4x; arrivals stretched 10x so that queues stay short enough for
-# a booking's view of the tiers to hold until admission
+# a booking's view of the tiers to hold until admission. The context is set past the GPU
+# KV (sim-worker --max-model-len), else the longest prompts are refused as vLLM refuses them
 WORKER = WorkerModelConfig(kv_capacity_tokens=GPU, cpu_kv_capacity_tokens=4 * GPU)
-CONFIG = SimConfig(workers=2, worker=WORKER, speedup=0.1)
+CONFIG = SimConfig(workers=2, worker=WORKER, speedup=0.1, max_model_len=5 * GPU)
 TIER_KEYS = {"gpu_hit_rate", "cpu_hit_rate", "shadow_abs_error_gpu", "shadow_abs_error_cpu"}
 
 
@@ -116,7 +117,7 @@ def test_hand_made_trace_one_worker_reloads_evicted_sessions():
     )
     trace = [replace(r, request_id=i) for i, r in enumerate(trace)]
     worker = WorkerModelConfig(kv_capacity_tokens=32 * 512, cpu_kv_capacity_tokens=256 * 512)
-    config = SimConfig(workers=1, worker=worker)
+    config = SimConfig(workers=1, worker=worker, max_model_len=288 * 512)  # past the GPU KV
     run = simulate(trace, make_picker("ttft"), config)
     assert run.requests == 6
     later = [i for i, r in enumerate(trace) if r.turn > 1]
@@ -131,7 +132,7 @@ def test_hand_made_trace_one_worker_reloads_evicted_sessions():
     exact = simulate(trace, make_picker("ttft"), replace(config, router_tiers="exact"))
     assert list(exact.cpu_estimated) == list(exact.cpu_cached) == list(run.cpu_cached)
     blind_worker = replace(worker, cpu_kv_capacity_tokens=0)
-    blind = simulate(trace, make_picker("ttft"), SimConfig(workers=1, worker=blind_worker))
+    blind = simulate(trace, make_picker("ttft"), replace(config, worker=blind_worker))
     assert not blind.cached.any()
     ttft = run.first_token - run.arrival
     blind_ttft = blind.first_token - blind.arrival

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,31 @@ def test_a_router_in_front_of_time_scaled_workers_prices_in_their_seconds():
     assert picker.hopeless_s == pytest.approx(TTFTPicker().hopeless_s / 20)
     assert picker.prefill_tokens_per_s == pytest.approx(TTFTPicker().prefill_tokens_per_s * 20)
     assert args.prefill_tokens_per_s == pytest.approx(300_000.0)
+
+
+def test_replay_and_sweep_refuse_a_bad_trace_line_in_one_line(tmp_path: Path, capsys) -> None:
+    """A trace line the loader refuses ends replay and sweep with exit 2 and one line naming
+    it (a traceback before), before any router or worker is asked."""
+    bad = tmp_path / "bad.jsonl"
+    head = CONVERSATION.read_text().splitlines()[:2]
+    line = '{"timestamp": 1, "input_length": NaN, "output_length": 5, "hash_ids": [1]}'
+    bad.write_text("\n".join([*head, line]) + "\n")
+    for argv in (
+        ["replay", "--trace", str(bad), "--url", "http://127.0.0.1:9"],
+        ["sweep", "--trace", str(bad), "--worker", "http://127.0.0.1:9"],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"cache-router {argv[0]}: error: {bad}:3: field 'input_length' must be an " \
+            "integer, got nan", err  # fmt: skip
+
+
+def test_sweep_names_an_unreachable_worker(tmp_path: Path, capsys) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    argv = ["sweep", "--trace", str(CONVERSATION), "--max-requests", "5", "--worker", url,
+            "--policies", "ttft", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"cache-router sweep: error: worker {url} is unreachable: "), last

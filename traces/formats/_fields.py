@@ -1,4 +1,7 @@
-"""Reading JSONL records and their fields with errors that point at the offending line."""
+"""Reading JSONL records and their fields with errors that point at the offending line.
+
+The checks themselves (range, type, finiteness) are :mod:`traces.record`'s, shared with the
+formats that are not JSONL, so every format refuses a bad value with the same words."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from traces.record import TraceFormatError
+from traces.record import TraceFormatError, count_value, time_value
 
 _MISSING: Any = object()
 
@@ -29,25 +32,20 @@ def read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
 
 
 def int_field(rec: dict, key: str, where: str, default: Any = _MISSING) -> int:
-    """A non-negative integer field (``default`` when absent, an error if no default)."""
+    """A count field, :func:`traces.record.count_value` (``default`` when absent, an error if
+    no default)."""
     value = rec.get(key, default)
     if value is _MISSING:
         raise TraceFormatError(f"{where}: missing field {key!r}")
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-        raise TraceFormatError(f"{where}: field {key!r} must be an integer, got {value!r}")
-    if value < 0:
-        raise TraceFormatError(f"{where}: field {key!r} must be >= 0, got {value!r}")
-    return int(value)
+    return count_value(value, f"{where}: field {key!r}")
 
 
 def num_field(rec: dict, key: str, where: str) -> float:
-    """A required finite number (timestamps)."""
+    """A required time field (timestamps, durations), :func:`traces.record.time_value`."""
     value = rec.get(key, _MISSING)
     if value is _MISSING:
         raise TraceFormatError(f"{where}: missing field {key!r}")
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise TraceFormatError(f"{where}: field {key!r} must be a number, got {value!r}")
-    return float(value)
+    return time_value(value, f"{where}: field {key!r}")
 
 
 def ids_field(rec: dict, key: str, where: str, required: bool = True) -> list[int]:
@@ -57,6 +55,9 @@ def ids_field(rec: dict, key: str, where: str, required: bool = True) -> list[in
         if required:
             raise TraceFormatError(f"{where}: missing field {key!r}")
         return []
-    if not isinstance(value, list):
-        raise TraceFormatError(f"{where}: field {key!r} must be a list of integers")
+    # block hashes are 64-bit; type, min and max at C speed (a trace has ~100k ids a second)
+    if not isinstance(value, list) or (
+        value and (set(map(type, value)) != {int} or min(value) < 0 or max(value) >= 2**64)
+    ):
+        raise TraceFormatError(f"{where}: field {key!r} must be a list of integers in [0, 2**64)")
     return value

@@ -11,7 +11,7 @@ import csv
 import datetime as dt
 from pathlib import Path
 
-from traces.record import TraceFormatError, TraceRequest, finalize
+from traces.record import TraceFormatError, TraceRequest, count_value, finalize
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _EPOCH = dt.datetime(1970, 1, 1)
@@ -28,20 +28,25 @@ def load(path: Path) -> list[TraceRequest]:
         for lineno, row in enumerate(reader, 2):
             if not row:
                 continue
+            where = f"{path}:{lineno}"
             try:
                 stamp = dt.datetime.fromisoformat(row[0].strip())
-                out.append(
-                    TraceRequest(
-                        arrival=(stamp.replace(tzinfo=None) - _EPOCH).total_seconds(),
-                        session_id="",
-                        turn=1,
-                        input_length=int(row[1]),
-                        output_length=int(row[2]),
-                        blocks=(),
-                    )
-                )
+                tokens = [int(cell) for cell in row[1:3]]
             except (ValueError, IndexError) as exc:
-                raise TraceFormatError(f"{path}:{lineno}: bad row {row}: {exc}") from None
+                raise TraceFormatError(f"{where}: bad row {row}: {exc}") from None
+            if len(tokens) < 2:
+                raise TraceFormatError(f"{where}: bad row {row}: expected {len(COLUMNS)} columns")
+            out.append(
+                TraceRequest(
+                    arrival=(stamp.replace(tzinfo=None) - _EPOCH).total_seconds(),
+                    session_id="",
+                    turn=1,
+                    input_length=count_value(tokens[0], f"{where}: {COLUMNS[1]}"),
+                    output_length=count_value(tokens[1], f"{where}: {COLUMNS[2]}"),
+                    blocks=(),
+                    source=where,
+                )
+            )
     out = finalize(out)
     for r in out:
         r.session_id = str(r.request_id)

@@ -32,6 +32,8 @@ def load(path: Path) -> list[TraceRequest]:
     rows: list[tuple[int, int | None, TraceRequest]] = []
     for where, rec in read_jsonl(path):
         chat = _chat_id(rec, "chat_id", where)
+        if chat < 0:  # -1 is a root's parent
+            raise TraceFormatError(f"{where}: field 'chat_id' must be >= 0, got {chat}")
         if chat in parent_of:
             raise TraceFormatError(f"{where}: duplicate chat_id {chat}")
         parent_of[chat] = _chat_id(rec, "parent_chat_id", where)
@@ -44,11 +46,15 @@ def load(path: Path) -> list[TraceRequest]:
             input_length=length,
             output_length=int_field(rec, "output_length", where),
             blocks=block_keys(ids_field(rec, "hash_ids", where), ID_TOKENS, length),
+            source=where,
         )
         rows.append((chat, turn, req))
     chains = _Chains(parent_of)
     for chat, turn, req in rows:
-        root, depth = chains.root_and_depth(chat)
+        try:
+            root, depth = chains.root_and_depth(chat)
+        except TraceFormatError as exc:
+            raise TraceFormatError(f"{req.source}: {exc}") from None
         req.session_id = str(root)
         req.turn = turn if turn is not None else depth
     return finalize(req for _, _, req in rows)

@@ -57,6 +57,7 @@ def load(path: Path) -> list[TraceRequest]:
             prompt=prompt,
             messages=messages,
             model=model,
+            source=where,
         )
         if rec.get("turn_id") is None:
             unnumbered.add(id(req))

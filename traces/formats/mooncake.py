@@ -33,6 +33,7 @@ def load(path: Path, min_shared_blocks: int = MIN_SHARED_BLOCKS) -> list[TraceRe
                 input_length=length,
                 output_length=int_field(rec, "output_length", where),
                 blocks=block_keys(ids_field(rec, "hash_ids", where), BLOCK_TOKENS, length),
+                source=where,
             )
         )
     out = finalize(out)

@@ -52,13 +52,18 @@ def _load_file(path: Path) -> list[TraceRequest]:
             doc = json.load(f)
     except json.JSONDecodeError as exc:
         raise TraceFormatError(f"{path}: invalid JSON: {exc}") from None
+    except RecursionError:
+        raise TraceFormatError(f"{path}: JSON nested too deeply") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise TraceFormatError(f"{path}: expected an object with a 'requests' list")
     block_size = int_field(doc, "block_size", str(path), DEFAULT_BLOCK_SIZE)
     scope = "" if doc.get("hash_id_scope") == "global" else path.name
     out: list[TraceRequest] = []
     walker = _Walker(path, block_size, scope_root(scope), out)
-    walker.walk(doc["requests"], str(doc.get("id") or path.stem), 0.0)
+    try:
+        walker.walk(doc["requests"], str(doc.get("id") or path.stem), 0.0)
+    except RecursionError:
+        raise TraceFormatError(f"{path}: sub-agents nested too deeply") from None
     return out
 
 
@@ -83,6 +88,10 @@ class _Walker:
             turn += 1
             length = int_field(req, "in", where)
             ids = ids_field(req, "hash_ids", where, required=False)
+            try:
+                blocks = keyer(ids, length)
+            except TraceFormatError as exc:  # a block_size that does not divide 512
+                raise TraceFormatError(f"{where}: {exc}") from None
             self.out.append(
                 TraceRequest(
                     arrival=t0 + num_field(req, "t", where),
@@ -90,8 +99,9 @@ class _Walker:
                     turn=turn,
                     input_length=length,
                     output_length=int_field(req, "out", where),
-                    blocks=keyer(ids, length),
+                    blocks=blocks,
                     think_s=_think(req, where),
+                    source=where,
                 )
             )
 

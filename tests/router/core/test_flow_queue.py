@@ -10,6 +10,8 @@ import pytest
 from policies.base import NoHealthyWorker, RequestFeatures
 from router.core.flow_queue import (
     DEFAULT_FLOW,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     QUEUE_BYTES,
     QUEUE_FULL,
     FlowQueue,
@@ -52,6 +54,14 @@ def test_priority_header_first_then_objective_then_body_priority():
     assert c.band == -2  # vLLM's field: lower first
     assert classify(headers(), None, objectives).band == 0
     assert classify(headers(x_priority="high"), {"priority": True}, {}).band == 0
+
+
+def test_a_priority_outside_the_range_counts_as_its_bound():
+    assert classify(headers(x_priority="9" * 40), None, {}).band == PRIORITY_MAX
+    assert classify(headers(x_priority="-12345"), None, {}).band == PRIORITY_MIN
+    assert classify(headers(), {"priority": -(10**9)}, {}).band == PRIORITY_MAX  # vLLM's field
+    assert classify(headers(x_llm_d_inference_objective="x"), None, {"x": 10**6}).band == 1000
+    assert classify(headers(x_priority="-7"), None, {}).band == -7  # inside: as it is
 
 
 def test_flow_from_fairness_header_else_api_key_tenant_else_default():
@@ -151,6 +161,17 @@ def test_ttl_expiry_and_removal():
     assert q.snapshot() == {"queued": 0, "bands": {}}
 
 
+def test_many_priorities_leave_no_structure_behind_past_the_kept_bands():
+    q = FlowQueue()
+    for band in range(-500, 500):  # each band pushed and emptied once
+        q.push(item(band=band, flow=f"f{band}"))
+        assert q.pop() is not None
+    assert len(q.bands) <= FlowQueue.BANDS_KEPT + 1
+    q.push(item(band=3, name="a"))
+    q.push(item(band=7, name="b"))
+    assert drain(q) == ["b", "a"]  # the order unchanged
+
+
 def test_snapshot_counts_bands_and_flows():
     q = FlowQueue()
     q.push(item(band=1, flow="a", size=5))
@@ -228,3 +249,14 @@ def test_kv_limit_saturates_when_every_worker_is_full():
     assert p.kv_full and saturated(p, 10.0)
     assert not predicted_ttft(features(200), views, 1000.0).kv_full  # off by default
     assert math.isfinite(p.ttft_s)
+
+
+def test_kv_limit_lets_a_prompt_past_its_share_go_to_a_worker_that_holds_nothing():
+    """9000 tokens against half of 16384: no worker can take it under the limit, so it goes
+    once one holds nothing (the worker answers it alone), never held for the TTL."""
+    busy = [View(held_tokens=100, kv_capacity_tokens=16384) for _ in range(2)]
+    p = predicted_ttft(features(9000), busy, 1000.0, kv_limit=0.5)
+    assert p.kv_full and saturated(p, 100.0)
+    busy[1] = View(held_tokens=0, kv_capacity_tokens=16384)
+    p = predicted_ttft(features(9000), busy, 1000.0, kv_limit=0.5)
+    assert not p.kv_full and not saturated(p, 100.0)

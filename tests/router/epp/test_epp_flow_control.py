@@ -98,3 +98,6 @@ async def test_sheddable_is_an_immediate_429_and_a_closed_stream_leaves_the_queu
         shed = 'cache_router_flow_rejected_total{band="-1",flow="default",reason="shed"} 1.0'
         gone = 'reason="client_disconnect"} 1.0'
         assert shed in exposed and gone in exposed
+        # the closed stream counts in requests_total too (worker "none"), as serve counts it
+        left = '{policy="ttft",status="client_disconnect",worker="none"} 1.0'
+        assert "cache_router_requests_total" + left in exposed

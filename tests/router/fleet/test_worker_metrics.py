@@ -200,3 +200,50 @@ def test_parse_lora_info_takes_the_newest_label_set() -> None:
     assert reading.lora_running == {"c"} and reading.lora_waiting == frozenset()
     assert reading.prefix_cache_hits == 5  # the rest of the page as before
     assert parse_worker_metrics(page(10, 5, 100)).max_lora is None
+
+
+def test_parse_ignores_sizes_no_worker_has() -> None:
+    """A page reporting a KV tier or pool past any worker (1.22e+19 GiB, 10**22 blocks, an
+    infinite SGLang pool) is read as not reported: it sizes no shadow and stays JSON-able."""
+    tiered = page(100, 40, 10).replace(
+        'enable_prefix_caching="True"', 'enable_prefix_caching="True",kv_offloading_size="2.5"'
+    )
+    for huge in ("1.22e+19", "1e+300", str(2**50)):
+        assert parse_worker_metrics(tiered.replace('"2.5"', f'"{huge}"')).cpu_kv_bytes is None
+    for blocks in (10**22, 2**51):
+        assert parse_worker_metrics(page(1, 1, blocks)).capacity_tokens is None
+    assert parse_worker_metrics(page(1, 1, 2**45, block_size=2**10)).capacity_tokens is None
+    assert parse_worker_metrics(page(1, 1, 10, block_size=10**22)).block_size is None
+    for pool in ("+Inf", "NaN", "1e30"):
+        sglang = parse_worker_metrics(f"sglang:max_total_num_tokens {pool}\n")
+        assert sglang.engine == "sglang" and sglang.capacity_tokens is None
+
+
+def test_workers_view_answers_a_worker_reporting_an_absurd_tier(fake_workers, router_server):
+    """GET /workers stays 200 when a worker's page reports a CPU tier of 1.22e+19 GiB (once a
+    bare 500: orjson stops at 64-bit ints), and the router keeps its configured sizes."""
+    (w1,) = fake_workers(1)
+    w1.metrics_text = page(100, 40, 100).replace(
+        'enable_prefix_caching="True"',
+        'enable_prefix_caching="True",kv_offloading_size="1.22e+19"',
+    )
+    srv = router_server(workers=[w1.url], worker_metrics_interval_s=0.1, block_size=32)
+
+    def described() -> dict:
+        response = httpx.get(srv.url + "/workers")
+        assert response.status_code == 200, response.text
+        return response.json()[0]
+
+    assert wait_until(lambda: described()["worker_metrics"]["scrapes"] >= 1)
+    entry = described()
+    assert entry["worker_metrics"]["cpu_kv_bytes"] is None
+    assert entry["kv_capacity_tokens"] == 3200  # the sane part of the page still counts
+
+
+def test_workers_view_answers_a_capacity_past_64_bits(fake_workers, router_server) -> None:
+    """A configured capacity past 2**63 (however it got in) does not make GET /workers a 500."""
+    (w1,) = fake_workers(1)
+    srv = router_server(workers=[w1.url], worker_metrics_interval_s=0)
+    srv.call(lambda: setattr(srv.app.pool.workers[0], "capacity_tokens", 10**23))
+    response = httpx.get(srv.url + "/workers")
+    assert response.status_code == 200 and response.json()[0]["kv_capacity_tokens"] == 10**23

@@ -133,6 +133,54 @@ async def test_a_client_gone_while_queued_leaves_nothing_behind(fake_workers, ro
         value(m, "cache_router_flow_rejected_total", band="0", flow="default", reason=reason) == 1
     )
     assert [tag(r) for r in worker.requests] == ["blocker"]
+    # counted in requests_total like a client that leaves mid-body: every request is there
+    status = {"status": reason}
+    assert value(m, "cache_router_requests_total", worker="none", policy="ttft", **status) == 1
+    assert value(m, "cache_router_endpoint_requests_total", endpoint="completion", **status) == 1
+
+
+async def test_a_model_no_worker_serves_is_a_404_at_once_even_while_others_wait(
+    fake_workers, router_server
+):
+    """No wait can make a worker serve the model: the pick's 404 now, not a 429 after the
+    TTL behind the queue's head."""
+    (worker,) = fake_workers(1, delay=1.0)
+    router = router_server(workers=[worker.url], **FLOW)
+    assert wait_until(lambda: all(w.models for w in router.app.pool.workers))
+    async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
+        blocker = asyncio.create_task(post(client, "blocker"))
+        await asyncio.sleep(0.05)
+        queued = asyncio.create_task(post(client, "queued", **{"x-priority": "1"}))
+        for _ in range(250):  # (on this loop: the queued request is sent meanwhile)
+            if len(router.app.core.flow.queue) == 1:
+                break
+            await asyncio.sleep(0.02)
+        unknown = {**body("unknown"), "model": "no-such-model"}
+        answer = await client.post("/v1/completions", json=unknown)
+        assert len(router.app.core.flow.queue) == 1  # answered while the other still waits
+        assert [(await r).status_code for r in (blocker, queued)] == [200, 200]
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "model_not_found"
+    assert wait_until(lambda: settled(router))
+
+
+def test_the_flow_gauges_read_0_when_nothing_waits(fake_workers, router_server):
+    """An empty queue is a 0 sample (a series that vanishes reads as unknown, not empty),
+    for every label pair counted so far."""
+    (worker,) = fake_workers(1)
+    router = router_server(workers=[worker.url], **FLOW)
+    m = metrics(router)
+    assert value(m, "cache_router_flow_queued", band="0", flow="default") == 0
+    assert ("cache_router_flow_queued", (("band", "0"), ("flow", "default"))) in m
+    assert ("cache_router_flow_queued_bytes", (("band", "0"),)) in m
+    assert ("cache_router_flow_predicted_ttft_seconds", ()) in m
+    answer = httpx.post(
+        router.url + "/v1/completions", json=body("a"), headers={"x-priority": "3"}, timeout=5
+    )
+    assert answer.status_code == 200
+    m = metrics(router)
+    assert ("cache_router_flow_queued", (("band", "3"), ("flow", "default"))) in m
+    assert value(m, "cache_router_flow_queued_bytes", band="3") == 0
+    assert value(m, "cache_router_flow_predicted_ttft_seconds") > 0
 
 
 async def test_no_worker_is_a_503_with_retry_after(router_server):

@@ -193,9 +193,15 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.settings = load_settings(workers=["http://127.0.0.1:9"])
-        self.pool = type("Pool", (), {"stats": PoolStats()})()
+        self.pool = type("Pool", (), {"stats": PoolStats(), "workers": []})()
         self.draining = False
         self.scopes: list[dict[str, Any]] = []
+
+    def drain(self) -> None:
+        self.draining = True
+
+    def drain_ended(self) -> None:
+        pass
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
