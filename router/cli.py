@@ -11,10 +11,13 @@ import sys
 from collections.abc import Sequence
 
 from router import __version__
+from router.validation import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # every sub-command's parser is a Parser too (argparse makes them of the root's class):
+    # a bad option is one line, ``cache-router CMD: error: argument --FLAG: WHY``, exit 2
+    parser = Parser(
         prog="cache-router",
         description="Cache-aware request router for LLM inference workers (vLLM, SGLang).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -12,10 +12,10 @@ import math
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -27,8 +27,50 @@ from policies.registry import PICKER_NAMES, make_picker
 from router.cache.block_hash import BLOCK_SIZE
 from router.cache.radix_tree import EVICTION_POLICIES
 from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S
+from router.validation import (
+    BYTES,
+    BYTES_OR_OFF,
+    COUNT,
+    COUNT_OR_OFF,
+    FRACTION,
+    MAX_BYTES,
+    MAX_ITEMS,
+    MAX_PORT,
+    PORT,
+    PORT_GIVEN,
+    POSITIVE,
+    SECONDS,
+    SECONDS_OR_OFF,
+    TOKENS,
+    TOKENS_OR_OFF,
+    Rule,
+    integer,
+    number,
+)
 
 ENV_PREFIX = "CACHE_ROUTER_"
+
+
+def _ruled(rule: Rule) -> Any:
+    """A field type of ``rule``'s numbers: pydantic reads the value, ``rule`` checks it, and
+    ``serve``'s flag parses it with the same rule (router/service/command.py)."""
+    return Annotated[rule.kind, AfterValidator(rule.check), rule]
+
+
+Tokens = _ruled(TOKENS)
+TokensOrOff = _ruled(TOKENS_OR_OFF)
+Bytes = _ruled(BYTES)
+BytesOrOff = _ruled(BYTES_OR_OFF)
+Count = _ruled(COUNT)
+CountOrOff = _ruled(COUNT_OR_OFF)
+Seconds = _ruled(SECONDS)
+SecondsOrOff = _ruled(SECONDS_OR_OFF)
+Positive = _ruled(POSITIVE)
+Fraction = _ruled(FRACTION)
+Port = _ruled(PORT)
+PortGiven = _ruled(PORT_GIVEN)
+PortOffset = _ruled(integer(-MAX_PORT, MAX_PORT))
+Priority = _ruled(integer(-MAX_ITEMS, MAX_ITEMS))
 
 
 def _split_list(value: Any) -> Any:
@@ -58,13 +100,13 @@ class Settings(BaseSettings):
     decode_workers: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="decode workers of a disaggregated fleet"
     )
-    bootstrap_ports: dict[str, int] = Field(
+    bootstrap_ports: dict[str, PortGiven] = Field(
         default_factory=dict,
         description="SGLang prefill workers' bootstrap ports: URL=PORT (default "
         "--default-bootstrap-port)",
     )
-    default_bootstrap_port: int = Field(
-        8998, ge=1, le=65535, description="SGLang's default --disaggregation-bootstrap-port"
+    default_bootstrap_port: PortGiven = Field(
+        8998, description="SGLang's default --disaggregation-bootstrap-port"
     )
     pd_protocol: Literal["auto", "vllm", "sglang"] = Field(
         "auto",
@@ -76,7 +118,7 @@ class Settings(BaseSettings):
         "decode_load", description="picker of decode workers (prefill workers: --policy)"
     )
     host: str = Field("127.0.0.1", description="address to listen on")
-    port: int = Field(8080, ge=0, le=65535, description="port to listen on")
+    port: Port = Field(8080, description="port to listen on")
     policy: str = Field("ttft", description=f"picker: one of {', '.join(PICKER_NAMES)}")
     picker_params: dict[str, Any] = Field(
         default_factory=dict,
@@ -87,33 +129,32 @@ class Settings(BaseSettings):
         description="shadow that answers estimate_cache_hit: block-hash LRU or radix tree "
         "(both are kept and scored)",
     )
-    kv_capacity_tokens: int = Field(
-        1_000_000, gt=0, description="KV cache capacity of each worker, in tokens (sizes shadows)"
+    kv_capacity_tokens: Tokens = Field(
+        1_000_000, description="KV cache capacity of each worker, in tokens (sizes shadows)"
     )
-    worker_kv_capacity_tokens: dict[str, int] = Field(
+    worker_kv_capacity_tokens: dict[str, Tokens] = Field(
         default_factory=dict, description="per-worker KV capacity override: URL=TOKENS"
     )
-    cpu_kv_capacity_tokens: int = Field(
+    cpu_kv_capacity_tokens: TokensOrOff = Field(
         0,
-        ge=0,
         description="each worker's CPU (host-memory) KV tier in tokens, beneath its GPU KV "
         "(vLLM's OffloadingConnector, LMCache's CPU backend); the router keeps a shadow of it "
         "and the ttft picker prices a prefix found there at its load time (0: no tier)",
     )
-    worker_cpu_kv_capacity_tokens: dict[str, int] = Field(
+    worker_cpu_kv_capacity_tokens: dict[str, TokensOrOff] = Field(
         default_factory=dict,
         description="per-worker CPU KV tier override: URL=TOKENS (0: that worker has none); "
         "a vLLM worker that reports kv_offloading_size in vllm:cache_config_info is sized "
         "from it (with --shadow-capacity-from-worker)",
     )
-    kv_load_gbps: float = Field(
-        20.0, gt=0, description="the workers' CPU tier to GPU KV load bandwidth, GB/s"
+    kv_load_gbps: Positive = Field(
+        20.0, description="the workers' CPU tier to GPU KV load bandwidth, GB/s"
     )
-    worker_kv_load_gbps: dict[str, float] = Field(
+    worker_kv_load_gbps: dict[str, Positive] = Field(
         default_factory=dict, description="per-worker load bandwidth override: URL=GBPS"
     )
-    kv_bytes_per_token: int = Field(
-        131_072, gt=0, description="KV bytes of one token, all layers (default: an 8B model)"
+    kv_bytes_per_token: Bytes = Field(
+        131_072, description="KV bytes of one token, all layers (default: an 8B model)"
     )
     router_tiers: Literal["on", "off"] = Field(
         "on",
@@ -125,12 +166,11 @@ class Settings(BaseSettings):
         description="models a worker serves, pinned instead of read from its /v1/models: "
         "URL=BASE[,ADAPTER...] (the first is the base model, the rest its LoRA adapters)",
     )
-    models_interval_s: float = Field(
-        10.0, gt=0, description="seconds between reads of each worker's /v1/models"
+    models_interval_s: Seconds = Field(
+        10.0, description="seconds between reads of each worker's /v1/models"
     )
-    response_owners_max: int = Field(
+    response_owners_max: Count = Field(
         200_000,
-        ge=1,
         description="Responses API: how many response ids the router remembers the storing "
         "worker of (newest kept; a continuation of an older one gets 404 response_not_found)",
     )
@@ -140,16 +180,15 @@ class Settings(BaseSettings):
         "(SRV), k8s://NAMESPACE?labelSelector=...&port=N (EndpointSlices); workers that "
         "appear join, workers that go drain",
     )
-    discover_interval_s: float = Field(
-        5.0, gt=0, description="seconds between DNS look-ups of --discover dns:// names"
+    discover_interval_s: Seconds = Field(
+        5.0, description="seconds between DNS look-ups of --discover dns:// names"
     )
     discover_nameserver: str | None = Field(
         None, description="DNS server for --discover, IP or IP:PORT (default: the system's)"
     )
-    block_size: int = Field(BLOCK_SIZE, gt=0, description="tokens per shadow block")
-    prefill_tokens_per_s: float = Field(
+    block_size: Tokens = Field(BLOCK_SIZE, description="tokens per shadow block")
+    prefill_tokens_per_s: Positive = Field(
         DEFAULT_PREFILL_TOKENS_PER_S,
-        gt=0,
         description="each worker's expected prefill rate: the prior of the rate the ttft "
         "picker learns from observed time to first token (router/cache/workload.py)",
     )
@@ -160,31 +199,30 @@ class Settings(BaseSettings):
         "/tokenize), or a path to a model folder / tokenizer.json (exact)",
     )
     tokenize_path: str = Field("/tokenize", description="worker endpoint for --tokenizer worker")
-    tokenize_cache_bytes: int = Field(
-        64 << 20, ge=0, description="bytes of token ids cached from worker /tokenize answers"
+    tokenize_cache_bytes: BytesOrOff = Field(
+        64 << 20, description="bytes of token ids cached from worker /tokenize answers"
     )
-    tokenize_timeout_s: float = Field(
-        5.0, gt=0, description="timeout of a worker /tokenize call (then: approx)"
+    tokenize_timeout_s: Seconds = Field(
+        5.0, description="timeout of a worker /tokenize call (then: approx)"
     )
     session_header: str = Field(
         "X-Session-ID", description="request header naming the session (else body user/session_id)"
     )
-    connect_timeout_s: float = Field(5.0, gt=0, description="timeout to connect to a worker")
-    read_timeout_s: float = Field(
-        600.0, gt=0, description="longest wait for the next bytes from a worker (504 before any)"
+    connect_timeout_s: Seconds = Field(5.0, description="timeout to connect to a worker")
+    read_timeout_s: Seconds = Field(
+        600.0, description="longest wait for the next bytes from a worker (504 before any)"
     )
-    max_attempts: int = Field(
-        3, ge=1, description="workers tried per request (connect error / 5xx before any byte)"
+    max_attempts: Count = Field(
+        3, description="workers tried per request (connect error / 5xx before any byte)"
     )
-    health_interval_s: float = Field(2.0, gt=0, description="seconds between health probes")
-    health_timeout_s: float = Field(2.0, gt=0, description="timeout of one health probe")
-    health_failure_threshold: int = Field(
+    health_interval_s: Seconds = Field(2.0, description="seconds between health probes")
+    health_timeout_s: Seconds = Field(2.0, description="timeout of one health probe")
+    health_failure_threshold: Count = Field(
         3,
-        ge=1,
         description="consecutive failures (probes or connect errors) that take a worker out",
     )
     health_path: str = Field("/health", description="worker path probed for health")
-    max_body_bytes: int = Field(32 << 20, gt=0, description="largest accepted request body (413)")
+    max_body_bytes: Bytes = Field(32 << 20, description="largest accepted request body (413)")
     # Keys are SecretStr: repr(), str() and model_dump() show "**********", so a logged
     # Settings never leaks one (router/core/access.py compares them in constant time).
     admin_key: SecretStr | None = Field(
@@ -212,9 +250,8 @@ class Settings(BaseSettings):
     )
     # Worker truth and precise mode (router/fleet/worker_metrics.py, router/fleet/kv_events.py):
     # what the workers themselves say they hold, next to the router's estimate of it.
-    worker_metrics_interval_s: float = Field(
+    worker_metrics_interval_s: SecondsOrOff = Field(
         5.0,
-        ge=0,
         description="seconds between scrapes of each worker's /metrics (prefix cache hits, "
         "queue, KV usage and capacity); 0: off",
     )
@@ -233,17 +270,13 @@ class Settings(BaseSettings):
     kv_events_bind_host: str = Field(
         "127.0.0.1", description="address the KV event sockets bind (0.0.0.0: any interface)"
     )
-    kv_events_port_offset: int = Field(
+    kv_events_port_offset: PortOffset = Field(
         400,
-        ge=-65535,
-        le=65535,
         description="KV events of the worker on port P arrive at port P + offset here "
         "(vLLM: --kv-events-config endpoint tcp://ROUTER:P+offset)",
     )
-    kv_events_replay_offset: int = Field(
+    kv_events_replay_offset: PortOffset = Field(
         500,
-        ge=-65535,
-        le=65535,
         description="the worker on port P serves missed KV event batches at its port P + "
         "offset (vLLM: replay_endpoint); 0: no replay, gaps fall back to the estimate",
     )
@@ -272,15 +305,14 @@ class Settings(BaseSettings):
         min_length=1,
         description="prefix of this fleet's Redis keys (several fleets can share one Redis)",
     )
-    state_flush_interval_s: float = Field(
-        0.005, gt=0, le=1, description="how often bookings are batched out to the other replicas"
+    state_flush_interval_s: _ruled(number(0, 1, above=True)) = Field(
+        0.005, description="how often bookings are batched out to the other replicas"
     )
-    state_load_interval_s: float = Field(
-        0.02, gt=0, le=5, description="how often each replica publishes and reads the load"
+    state_load_interval_s: _ruled(number(0, 5, above=True)) = Field(
+        0.02, description="how often each replica publishes and reads the load"
     )
-    state_load_ttl_s: float = Field(
+    state_load_ttl_s: Seconds = Field(
         2.0,
-        gt=0,
         description="a replica's published load expires this long after its last update, so a "
         "dead replica's load leaves the others' view",
     )
@@ -298,37 +330,32 @@ class Settings(BaseSettings):
     worker_header: bool = Field(True, description="add x-cache-router-worker: <url> to responses")
     log_level: str = Field("info", description="log level (debug, info, warning, error)")
     access_log: bool = Field(False, description="log every request (costs throughput)")
-    shutdown_timeout_s: float = Field(
-        30.0, gt=0, description="on SIGTERM, how long in-flight requests may finish"
+    shutdown_timeout_s: Seconds = Field(
+        30.0, description="on SIGTERM, how long in-flight requests may finish"
     )
     # Admission control and client limits (router/service/server.py, router/proxy/forward.py): a
     # router in front of a GPU fleet must shed load with a clear answer, never fall over.
-    max_inflight: int = Field(
+    max_inflight: CountOrOff = Field(
         2048,
-        ge=0,
         description="generation requests in flight router-wide; more get 429 + Retry-After "
         "(0: no limit)",
     )
-    max_connections: int = Field(
+    max_connections: CountOrOff = Field(
         4096,
-        ge=0,
         description="open client connections; a request on one beyond this gets 503 + "
         "Retry-After and the connection closes (0: no limit)",
     )
-    max_header_bytes: int = Field(
+    max_header_bytes: _ruled(integer(1024, MAX_BYTES)) = Field(
         65536,
-        ge=1024,
         description="largest request line + headers, in bytes (431, connection closed)",
     )
-    request_read_timeout_s: float = Field(
+    request_read_timeout_s: Seconds = Field(
         30.0,
-        gt=0,
         description="longest time a client may take to send a request's headers and body "
         "(408, connection closed)",
     )
-    circuit_open_s: float = Field(
+    circuit_open_s: SecondsOrOff = Field(
         5.0,
-        ge=0,
         description="once a worker is taken out, the least time before a successful probe "
         "brings it back",
     )
@@ -340,28 +367,26 @@ class Settings(BaseSettings):
         "saturated (the best worker's predicted TTFT past --flow-target-ttft-s) instead of "
         "placing them at once; sheddable (negative priority) requests get 429 then",
     )
-    flow_target_ttft_s: float = Field(
+    flow_target_ttft_s: Seconds = Field(
         2.0,
-        gt=0,
         description="flow control: the predicted time to first token past which the fleet "
         "is saturated for a request",
     )
-    flow_queue_max: int = Field(
-        1000, ge=0, description="flow control: queued requests per priority band (429 past it)"
+    flow_queue_max: CountOrOff = Field(
+        1000, description="flow control: queued requests per priority band (429 past it)"
     )
-    flow_queue_max_bytes: int = Field(
+    flow_queue_max_bytes: BytesOrOff = Field(
         256 << 20,
-        ge=0,
         description="flow control: queued request bytes per priority band (429 past it)",
     )
-    flow_queue_ttl_s: float = Field(
-        30.0, gt=0, description="flow control: longest wait in the queue (then 429)"
+    flow_queue_ttl_s: Seconds = Field(
+        30.0, description="flow control: longest wait in the queue (then 429)"
     )
-    flow_objectives: dict[str, int] = Field(
+    flow_objectives: dict[str, Priority] = Field(
         default_factory=dict,
         description="flow control: priority of each x-llm-d-inference-objective name",
     )
-    flow_weights: dict[str, float] = Field(
+    flow_weights: dict[str, Positive] = Field(
         default_factory=dict,
         description="flow control: fair-share weight of a flow (default 1)",
     )
@@ -370,9 +395,8 @@ class Settings(BaseSettings):
         description="flow control: the header naming a request's flow (tenant); without "
         "it, the API key's tenant, else the flow 'default'",
     )
-    flow_kv_limit: float = Field(
+    flow_kv_limit: Fraction = Field(
         0.0,
-        ge=0,
         description="flow control: also saturated when every worker's booked KV plus the "
         "prompt passes this fraction of its capacity (0: off)",
     )
@@ -477,15 +501,6 @@ class Settings(BaseSettings):
         twice = sorted({url for url in roles if roles.count(url) > 1})
         if twice:
             raise ValueError(f"a worker has one role: {', '.join(twice)} given twice")
-        for url, tokens in self.worker_cpu_kv_capacity_tokens.items():
-            if tokens < 0:
-                raise ValueError(f"worker_cpu_kv_capacity_tokens: {url}={tokens} is negative")
-        for url, gbps in self.worker_kv_load_gbps.items():
-            if not gbps > 0:
-                raise ValueError(f"worker_kv_load_gbps: {url}={gbps} is not positive")
-        for url, port in self.bootstrap_ports.items():
-            if not 0 < port < 65536:
-                raise ValueError(f"bootstrap_ports: {url}={port} is not a port")
         if self.tokenizer not in ("approx", "worker") and not Path(self.tokenizer).exists():
             raise ValueError(
                 f"tokenizer must be 'approx', 'worker' or an existing path, not {self.tokenizer!r}"
@@ -569,6 +584,18 @@ class _YamlSource(PydanticBaseSettingsSource):
 
 
 _YAML_VALUES: ContextVar[dict[str, Any] | None] = ContextVar("_YAML_VALUES", default=None)
+
+
+def field_rule(name: str) -> Rule | None:
+    """The :class:`Rule` of the Settings field ``name`` (of its values, for a mapping such
+    as ``flow_weights``); None for a field that is not a number. ``serve``'s flags parse
+    with it, and ``simulate``'s flags of the same meaning share it."""
+    info = Settings.model_fields[name]
+    found = [m for m in info.metadata if isinstance(m, Rule)]
+    if not found and get_origin(info.annotation) is dict:
+        value = get_args(info.annotation)[1]
+        found = [m for m in getattr(value, "__metadata__", ()) if isinstance(m, Rule)]
+    return found[0] if found else None
 
 
 def normalize_url(url: str) -> str:

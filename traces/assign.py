@@ -9,6 +9,7 @@ import dataclasses
 import zlib
 from collections.abc import Sequence
 
+from router.validation import POSITIVE
 from traces.record import TraceRequest
 
 
@@ -17,12 +18,12 @@ def parse_model_weights(specs: Sequence[str]) -> list[tuple[str, float]]:
     out = []
     for spec in specs:
         name, _, weight = spec.partition(":")
-        try:
-            w = float(weight) if weight else 1.0
-        except ValueError:
-            raise ValueError(f"{spec!r}: the weight after ':' must be a number") from None
-        if not name or not w > 0:
-            raise ValueError(f"{spec!r}: a model needs a name and a positive weight")
+        if not name:
+            raise ValueError(f"{spec!r}: a model needs a name")
+        try:  # a weight is held to the rule of every other weight (nan, inf refused)
+            w = POSITIVE.parse(weight) if weight else 1.0
+        except ValueError as exc:
+            raise ValueError(f"{spec!r}: the weight after ':' {exc}") from None
         out.append((name, w))
     if not out:
         raise ValueError("name at least one model")
@@ -56,12 +57,11 @@ def assign_models(
 def parse_tenant_weights(spec: str) -> list[float]:
     """``4:1``: two tenants, the first sending 4 times the second's sessions."""
     try:
-        weights = [float(part) for part in spec.split(":")]
-    except ValueError:
-        raise ValueError(f"{spec!r}: tenants are weights separated by ':' (e.g. 4:1)") from None
-    if not weights or min(weights) <= 0:
-        raise ValueError(f"{spec!r}: each tenant needs a positive weight")
-    return weights
+        return [POSITIVE.parse(part) for part in spec.split(":")]
+    except ValueError as exc:
+        raise ValueError(
+            f"{spec!r}: tenants are weights separated by ':' (e.g. 4:1): {exc}"
+        ) from None
 
 
 def tenant_name(k: int) -> str:

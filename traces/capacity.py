@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from router.validation import SECONDS
+
 Metrics = Mapping[str, float]
 METRICS = ("ttft", "e2e", "tpot")  # what an SLO may bound, each at any percentile
 
@@ -54,9 +56,13 @@ def parse_slo(text: str) -> SLO:
         raise ValueError(
             f"bad SLO {text!r}: want METRIC_pQ=SECONDS with METRIC one of {', '.join(METRICS)}"
         )
-    pct, seconds = float(m["pct"]), float(m["seconds"])
-    if not 0 < pct <= 100 or not seconds > 0:
-        raise ValueError(f"bad SLO {text!r}: percentile in (0, 100], seconds > 0")
+    pct = float(m["pct"])
+    if not 0 < pct <= 100:
+        raise ValueError(f"bad SLO {text!r}: percentile in (0, 100]")
+    try:  # the seconds any other duration flag takes
+        seconds = SECONDS.parse(m["seconds"])
+    except ValueError as exc:
+        raise ValueError(f"bad SLO {text!r}: seconds {exc}") from None
     return SLO(m["metric"], pct, seconds)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from router.validation import COUNT_OR_OFF, MAX_WORKERS, POSITIVE, integer, number, refuse
 from traces import sweep
 from traces.bounds import Bounds, pooled_blocks
 from traces.cap import build_capped_trace
@@ -66,6 +67,10 @@ from traces.simulator import PolicyRun, SimConfig, simulate
 from traces.worker_model import model_argv, profile_arg
 
 DEFAULT_SLO = "ttft_p90=2"
+GRID_FACTOR = number(1, 1000, above=True)
+"""The grid's step: past 1, or the grid would not grow (0 divided its bottom by 0), and at
+most 1000 (its eighth power sets the bottom)."""
+JOBS = integer(1, MAX_WORKERS)
 PERCENTILES = (50, 90, 99)
 LIVE_TIME_SCALE = 20.0
 
@@ -352,31 +357,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         f"or tpot, Q a percentile, S seconds (default: {DEFAULT_SLO})",
     )
     g = p.add_argument_group("search (loads are trace speedups)")
-    g.add_argument("--start-load", type=float, default=1.0, help="the grid's first load")
-    g.add_argument("--grid-factor", type=float, default=Grid.factor, help="the grid's step")
+    g.add_argument("--start-load", type=POSITIVE, default=1.0, help="the grid's first load")
     g.add_argument(
-        "--min-load", type=float, default=None, help="lowest load tried (default: start / factor^8)"
+        "--grid-factor", type=GRID_FACTOR, default=Grid.factor, help="the grid's step (> 1)"
+    )
+    g.add_argument(
+        "--min-load",
+        type=POSITIVE,
+        default=None,
+        help="lowest load tried (default: start / factor^8)",
     )
     g.add_argument(
         "--max-load",
-        type=float,
+        type=POSITIVE,
         default=None,
         help="highest load tried (default: twice the load ceiling)",
     )
     g.add_argument(
         "--tolerance",
-        type=float,
+        type=POSITIVE,
         default=Grid.tolerance,
         help="bisect until the first failure is this close to the capacity",
     )
     g.add_argument(
         "--above",
-        type=int,
+        type=COUNT_OR_OFF,
         default=Grid.above,
         help="grid points tried above the first failure (monotonicity)",
     )
     g.add_argument(
-        "--jobs", type=int, default=1, help="policies searched in parallel processes (offline)"
+        "--jobs", type=JOBS, default=1, help="policies searched in parallel processes (offline)"
     )
     lv = p.add_argument_group("live (through sweep's routers and replay)")
     lv.add_argument(
@@ -394,7 +404,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lv.add_argument("--router-args", default="", help="extra `cache-router serve` options")
     lv.add_argument(
         "--live-time-scale",
-        type=float,
+        type=POSITIVE,
         default=LIVE_TIME_SCALE,
         help="sim workers run this many times faster than real time",
     )
@@ -421,6 +431,5 @@ def _main(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace, args.format)
         run_capacity(args.trace, trace, args, Path(args.out), not args.no_plots)
     except (OSError, ValueError, RuntimeError) as exc:
-        print(f"cache-router capacity: {exc}", file=sys.stderr)
-        return 2
+        return refuse("capacity", exc)
     return 0

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from router.validation import COUNT, POSITIVE, SECONDS_OR_OFF, SEED, integer, number, refuse
 from traces.assign import assign_models, parse_model_weights
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.formats import FORMATS, load_trace
@@ -17,6 +18,14 @@ from traces.synth import SynthConfig, synthesize
 from traces.writer import write_jsonl
 
 _FORMAT_CHOICES = ["auto", *FORMATS]
+# synth's sizes: what a generated trace file can hold (10**6 sessions of 10**4 turns of
+# 10**7-token contexts is already far past any real trace)
+SESSIONS = integer(1, 10**6)
+SESSIONS_OR_NONE = integer(0, 10**6)
+TURNS = integer(1, 10**4)
+CONTEXT = integer(1, 10**7)
+CONTEXT_OR_NONE = integer(0, 10**7)
+MEAN_TOKENS = number(1, 10**7)
 _HELP = argparse.ArgumentDefaultsHelpFormatter
 
 
@@ -54,7 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     cap.add_argument("input", type=Path, help="trace file (or Weka directory)")
     cap.add_argument("output", help="generic JSONL to write ('-' = stdout)")
-    cap.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="turns kept")
+    cap.add_argument("--max-turns", type=COUNT, default=DEFAULT_MAX_TURNS, help="turns kept")
     cap.add_argument(
         "--format", choices=_FORMAT_CHOICES, default="auto", dest="fmt", help="input trace format"
     )
@@ -68,29 +77,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=_HELP,
     )
     d = SynthConfig()
-    synth.add_argument("--sessions", type=int, default=d.sessions, help="sessions")
-    synth.add_argument("--rate", type=float, default=d.rate, help="new sessions per second")
+    # the counts are bounded by what a trace file can hold, not only by 2**53
+    synth.add_argument("--sessions", type=SESSIONS, default=d.sessions, help="sessions")
+    synth.add_argument("--rate", type=POSITIVE, default=d.rate, help="new sessions per second")
     synth.add_argument(
-        "--system-prompts", type=int, default=d.system_prompts, help="shared system prompts"
+        "--system-prompts", type=SESSIONS_OR_NONE, default=d.system_prompts,
+        help="shared system prompts",
+    )  # fmt: skip
+    synth.add_argument(
+        "--system-prompt-tokens", type=CONTEXT_OR_NONE, default=d.system_prompt_tokens,
+        help="their length",
+    )  # fmt: skip
+    synth.add_argument("--turns-alpha", type=POSITIVE, default=d.turns_alpha, help="Zipf exponent")
+    synth.add_argument("--max-turns", type=TURNS, default=d.max_turns, help="turns cap/session")
+    synth.add_argument(
+        "--user-tokens", type=MEAN_TOKENS, default=d.user_tokens, help="mean user message tokens"
     )
     synth.add_argument(
-        "--system-prompt-tokens", type=int, default=d.system_prompt_tokens, help="their length"
-    )
-    synth.add_argument("--turns-alpha", type=float, default=d.turns_alpha, help="Zipf exponent")
-    synth.add_argument("--max-turns", type=int, default=d.max_turns, help="turns cap/session")
-    synth.add_argument(
-        "--user-tokens", type=float, default=d.user_tokens, help="mean user message tokens"
+        "--output-tokens", type=MEAN_TOKENS, default=d.output_tokens, help="mean output tokens"
     )
     synth.add_argument(
-        "--output-tokens", type=float, default=d.output_tokens, help="mean output tokens"
-    )
+        "--think-time", type=SECONDS_OR_OFF, default=d.think_time,
+        help="mean seconds between turns",
+    )  # fmt: skip
     synth.add_argument(
-        "--think-time", type=float, default=d.think_time, help="mean seconds between turns"
+        "--max-context", type=CONTEXT, default=d.max_context, help="a session ends before this"
     )
-    synth.add_argument(
-        "--max-context", type=int, default=d.max_context, help="a session ends before this"
-    )
-    synth.add_argument("--seed", type=int, default=d.seed, help="numpy default_rng seed")
+    synth.add_argument("--seed", type=SEED, default=d.seed, help="numpy default_rng seed")
     synth.add_argument("--out", default="synthetic_trace.jsonl", help="'-' = stdout")
     synth.set_defaults(func=_synth)
 
@@ -137,8 +150,6 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _cap(args: argparse.Namespace) -> int:
-    if args.max_turns < 1:
-        return _fail(ValueError("--max-turns must be >= 1"))
     try:
         requests = load_trace(args.input, args.fmt)
         kept = build_capped_trace(requests, args.max_turns)
@@ -170,7 +181,8 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _synth(args: argparse.Namespace) -> int:
+def synth_config(args: argparse.Namespace) -> SynthConfig:
+    """``trace synth``'s options as a config; ValueError when they do not fit together."""
     cfg = SynthConfig(
         sessions=args.sessions,
         rate=args.rate,
@@ -184,6 +196,15 @@ def _synth(args: argparse.Namespace) -> int:
         max_context=args.max_context,
         seed=args.seed,
     )
+    cfg.validate()
+    return cfg
+
+
+def _synth(args: argparse.Namespace) -> int:
+    try:
+        cfg = synth_config(args)
+    except ValueError as exc:
+        return refuse("trace synth", exc)
     try:
         requests = synthesize(cfg)
         write_jsonl(requests, args.out)

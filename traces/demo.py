@@ -36,6 +36,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from router.validation import refuse
 from traces import capacity_cmd, simulate, sweep
 from traces.formats import load_trace
 from traces.record import TraceRequest
@@ -205,7 +206,6 @@ def _main(args: argparse.Namespace) -> int:
         print(f"offline at {load:g}x the trace's load, session-paced", file=sys.stderr)
         simulate.run_and_report(trace_path, trace, offline, out / "offline", plots=True)
     except (OSError, ValueError, RuntimeError) as exc:
-        print(f"cache-router demo: {exc}", file=sys.stderr)
-        return 2
+        return refuse("demo", exc)
     print(f"demo done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 0

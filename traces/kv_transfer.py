@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Protocol
 
+from router.validation import BYTES, MILLISECONDS_OR_OFF, POSITIVE
+
 LATENCY_S = 0.002
 GBPS = 25.0
 BYTES_PER_TOKEN = 131_072
@@ -42,19 +44,19 @@ def add_options(p: Any, defaults: TransferModel, scaled: str = "") -> None:
     (a parser or an argument group); ``scaled``: a note on the clock they run on."""
     p.add_argument(
         "--kv-transfer-latency-ms",
-        type=float,
+        type=MILLISECONDS_OR_OFF,
         default=defaults.kv_transfer_latency_s * 1000,
         help=f"fixed cost of one prefill-to-decode KV transfer{scaled}",
     )
     p.add_argument(
         "--kv-transfer-gbps",
-        type=float,
+        type=POSITIVE,
         default=defaults.kv_transfer_gbps,
         help=f"KV transfer bandwidth, GB/s (1e9 bytes){scaled}",
     )
     p.add_argument(
         "--kv-bytes-per-token",
-        type=int,
+        type=BYTES,
         default=defaults.kv_bytes_per_token,
         help="KV bytes of one prompt token, all layers (default: an 8B model); a transfer moves "
         "only the tokens the decode worker has not cached itself",

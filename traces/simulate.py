@@ -29,6 +29,19 @@ import numpy as np
 from policies.base import Picker
 from policies.registry import PICKER_NAMES, make_picker, picker_params
 from router.cache.worker_state import SHADOW_KINDS
+from router.config import field_rule
+from router.validation import (
+    COUNT,
+    FRACTION,
+    MILLISECONDS_OR_OFF,
+    POSITIVE,
+    SECONDS,
+    SEED,
+    TOKENS,
+    WORKERS,
+    WORKERS_OR_NONE,
+    refuse,
+)
 from traces import kv_transfer
 from traces.assign import assign_tenants, parse_tenant_weights
 from traces.bounds import Bounds, pooled_blocks, trace_bounds
@@ -187,22 +200,29 @@ def add_flow_options(p: argparse.ArgumentParser) -> None:
     d = SimConfig()
     g = p.add_argument_group("flow control (issue 44)")
     g.add_argument("--flow-control", action="store_true", help="model serve's --flow-control queue")
+    # serve's rules for serve's flags (router/config.py), not a copy of them
     g.add_argument(
-        "--flow-target-ttft-s", type=float, default=d.flow_target_ttft_s,
-        help="the predicted TTFT past which requests wait",
+        "--flow-target-ttft-s", type=field_rule("flow_target_ttft_s"),
+        default=d.flow_target_ttft_s, help="the predicted TTFT past which requests wait",
     )  # fmt: skip
-    g.add_argument("--flow-queue-ttl-s", type=float, default=d.flow_queue_ttl_s)
-    g.add_argument("--flow-queue-max", type=int, default=d.flow_queue_max)
+    g.add_argument(
+        "--flow-queue-ttl-s", type=field_rule("flow_queue_ttl_s"), default=d.flow_queue_ttl_s,
+        help="the longest wait in the queue (then 429)",
+    )  # fmt: skip
+    g.add_argument(
+        "--flow-queue-max", type=field_rule("flow_queue_max"), default=d.flow_queue_max,
+        help="queued requests per priority band (429 past it)",
+    )  # fmt: skip
     g.add_argument(
         "--tenants", default=None,
         help="give sessions tenants in these proportions, e.g. 4:1 (then goodput per tenant)",
     )  # fmt: skip
     g.add_argument(
-        "--interactive-share", type=float, default=0.0,
+        "--interactive-share", type=FRACTION, default=0.0,
         help="the share of sessions given priority 1 (the rest 0)",
     )  # fmt: skip
     g.add_argument(
-        "--slo-ttft-s", type=float, default=d.slo_ttft_s,
+        "--slo-ttft-s", type=SECONDS, default=d.slo_ttft_s,
         help="the TTFT a request must meet to count in goodput",
     )  # fmt: skip
 
@@ -225,7 +245,7 @@ def add_simulation_options(p: argparse.ArgumentParser, speedup: bool = True) -> 
     """Options shared by ``simulate``, ``demo`` and ``capacity`` (which searches the speedup:
     ``speedup=False`` leaves that flag out)."""
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated picker names")
-    p.add_argument("--workers", type=int, default=8, help="simulated workers")
+    p.add_argument("--workers", type=WORKERS, default=8, help="simulated workers")
     add_disaggregation_options(p)
     p.add_argument("--shadow", choices=SHADOW_KINDS, default="blocks", help="router shadow")
     add_model_options(p, "each worker's KV cache in tokens (the shadows get the same)")
@@ -239,22 +259,24 @@ def add_simulation_options(p: argparse.ArgumentParser, speedup: bool = True) -> 
         "yardstick no live router has)",
     )
     if speedup:
-        p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+        p.add_argument("--speedup", type=POSITIVE, default=1.0, help="divide arrival times by this")
     add_pacing_option(p)
-    p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
-    p.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
-    p.add_argument("--seed", type=int, default=0, help="seed for random pickers")
-    p.add_argument("--max-output-tokens", type=int, default=None, help="cap output lengths")
+    p.add_argument("--max-requests", type=COUNT, default=None, help="first N requests only")
+    p.add_argument("--max-turns", type=COUNT, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
+    p.add_argument("--seed", type=SEED, default=0, help="seed for random pickers")
+    p.add_argument("--max-output-tokens", type=TOKENS, default=None, help="cap output lengths")
     p.add_argument(
         "--kv-events",
         action="store_true",
         help="precise mode: the workers' KV events feed the router's KV-event index",
     )
-    p.add_argument("--kv-event-delay-ms", type=float, default=50.0, help="event batch latency")
-    p.add_argument("--kv-event-loss", type=float, default=0.0, help="fraction of batches lost")
+    p.add_argument(
+        "--kv-event-delay-ms", type=MILLISECONDS_OR_OFF, default=50.0, help="event batch latency"
+    )
+    p.add_argument("--kv-event-loss", type=FRACTION, default=0.0, help="fraction of batches lost")
     p.add_argument(
         "--shadow-capacity-tokens",
-        type=int,
+        type=TOKENS,
         default=None,
         help="the router's belief of each worker's KV capacity (default: the workers' own)",
     )
@@ -273,14 +295,14 @@ def add_disaggregation_options(p: argparse.ArgumentParser) -> None:
     d = SimConfig()
     p.add_argument(
         "--prefill-workers",
-        type=int,
+        type=WORKERS_OR_NONE,
         default=d.prefill_workers,
         help="with --decode-workers: a disaggregated fleet of that many prefill workers "
         "(--workers is then ignored); the policies pick among them",
     )
     p.add_argument(
         "--decode-workers",
-        type=int,
+        type=WORKERS_OR_NONE,
         default=d.decode_workers,
         help="decode workers of a disaggregated fleet (with --prefill-workers)",
     )
@@ -478,6 +500,5 @@ def _main(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace, args.format)
         run_and_report(args.trace, trace, args, Path(args.out), not args.no_plots)
     except (OSError, ValueError) as exc:
-        print(f"cache-router simulate: {exc}", file=sys.stderr)
-        return 2
+        return refuse("simulate", exc)
     return 0

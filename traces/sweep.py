@@ -35,6 +35,17 @@ from pathlib import Path
 import httpx
 
 from policies.registry import PICKER_NAMES
+from router.validation import (
+    COUNT,
+    COUNT_OR_OFF,
+    POSITIVE,
+    SECONDS,
+    SEED,
+    TOKENS,
+    WORKERS_OR_NONE,
+    integer,
+    refuse,
+)
 from traces.cap import DEFAULT_MAX_TURNS, build_capped_trace
 from traces.fleet import (
     check_reachable,
@@ -52,6 +63,8 @@ from traces.simulate import add_pacing_option, parse_policies, trace_summary
 from traces.worker_model import add_profile_option, profile_arg
 
 SWEEP_POLICIES = "ttft,lmetric,load_only,sticky,unified,capped"
+VOCAB = integer(101, 2**32)
+"""Token ids are uint32, and the prompts' start at 100 (traces/prompts.py's first_id)."""
 
 
 def select(trace: list[TraceRequest], args: argparse.Namespace) -> list[TraceRequest]:
@@ -173,7 +186,7 @@ def _load(args: argparse.Namespace, command: str) -> list[TraceRequest] | None:
     try:
         return select(load_trace(args.trace), args)
     except (OSError, ValueError) as exc:
-        print(f"cache-router {command}: {exc}", file=sys.stderr)
+        refuse(command, exc)
         return None
 
 
@@ -280,24 +293,23 @@ def _sweep_main(args: argparse.Namespace) -> int:
     try:
         document, outcomes = run_sweep(trace, args)
     except ValueError as exc:  # no workers, or a given worker unreachable
-        print(f"cache-router sweep: {exc}", file=sys.stderr)
-        return 2
+        return refuse("sweep", exc)
     report_outcomes(document, outcomes, Path(args.out))
     return 0 if all(o.run.requests > 0 for o in outcomes) else 1
 
 
 def add_replay_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace file or Weka directory")
-    p.add_argument("--speedup", type=float, default=1.0, help="divide arrival times by this")
+    p.add_argument("--speedup", type=POSITIVE, default=1.0, help="divide arrival times by this")
     add_pacing_option(p)
-    p.add_argument("--max-requests", type=int, default=None, help="first N requests only")
-    p.add_argument("--duration", type=float, default=None, help="seconds of (sped-up) trace")
+    p.add_argument("--max-requests", type=COUNT, default=None, help="first N requests only")
+    p.add_argument("--duration", type=SECONDS, default=None, help="seconds of (sped-up) trace")
     p.add_argument("--prompt-mode", choices=("tokens", "text"), default="tokens")
-    p.add_argument("--vocab-size", type=int, default=32_000, help="token ids are below this")
+    p.add_argument("--vocab-size", type=VOCAB, default=32_000, help="token ids are below this")
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
-    p.add_argument("--max-output-tokens", type=int, default=None, help="cap output lengths")
-    p.add_argument("--salt", type=int, default=0, help="changes every prompt block")
-    p.add_argument("--retries", type=int, default=0,
+    p.add_argument("--max-output-tokens", type=TOKENS, default=None, help="cap output lengths")
+    p.add_argument("--salt", type=SEED, default=0, help="changes every prompt block")
+    p.add_argument("--retries", type=COUNT_OR_OFF, default=0,
                    help="send a request again after a connection failure before its first "
                         "token, up to N times (the OpenAI SDK's default is 2)")  # fmt: skip
     p.add_argument("--out", default="out/replay", help="directory for results and plots")
@@ -322,15 +334,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--policies", default=SWEEP_POLICIES,
                    help=f"comma-separated, from {', '.join(PICKER_NAMES)}")  # fmt: skip
     s.add_argument("--worker", nargs="+", action="extend", default=[], help="worker base URLs")
-    s.add_argument("--sim-workers", type=int, default=0, help="start N simulated workers")
+    s.add_argument("--sim-workers", type=WORKERS_OR_NONE, default=0,
+                   help="start N simulated workers")  # fmt: skip
     s.add_argument("--sim-worker-args", default="", help="extra sim-worker options")
     add_profile_option(s, "the sim workers (--sim-workers): ")
-    s.add_argument("--sim-time-scale", type=float, default=None,
+    s.add_argument("--sim-time-scale", type=POSITIVE, default=None,
                    help="the sim workers run this many times faster than real time (default: "
                    "--speedup, the trace's own load); they see speedup / this times the "
                    "trace's load")  # fmt: skip
     s.add_argument("--router-args", default="", help="extra `cache-router serve` options")
     s.add_argument("--sim-kv-events", action="store_true",
                    help="sim workers publish KV events; routers run --kv-events")  # fmt: skip
-    s.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
+    s.add_argument("--max-turns", type=COUNT, default=DEFAULT_MAX_TURNS, help="cap for 'capped'")
     s.set_defaults(func=_sweep_main)

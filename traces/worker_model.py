@@ -83,9 +83,21 @@ from router.cache.block_hash import KEY_TOKENS, TOKEN_BYTES, keys_as_tokens
 from router.cache.block_lru import BlockLRU
 from router.cache.lora import adapter_blocks
 from router.cache.radix_tree import RadixTree, TreeNode
+from router.validation import (
+    COUNT,
+    MAX_TOKENS,
+    MILLISECONDS_OR_OFF,
+    POSITIVE,
+    TOKENS,
+    TOKENS_OR_OFF,
+    integer,
+)
 from traces import gpu_profile, kv_transfer
 from traces.gpu_profile import GpuProfile
 from traces.record import BLOCK_TOKENS
+
+KV_TOKENS = integer(BLOCK_TOKENS, MAX_TOKENS)
+"""A worker's KV capacity: at least one block."""
 
 KV_LOAD_GBPS = 20.0
 """Host to GPU KV loads, GB/s: PCIe Gen4 class (vLLM measures about 50 one way on an H100
@@ -169,46 +181,48 @@ class WorkerModelConfig:
 def add_model_options(p: argparse.ArgumentParser, kv_help: str) -> None:
     """The worker model's flags, shared by ``simulate`` (and ``demo``) and ``sim-worker``."""
     d = WorkerModelConfig()
-    p.add_argument("--kv-capacity-tokens", type=int, default=d.kv_capacity_tokens, help=kv_help)
+    p.add_argument(
+        "--kv-capacity-tokens", type=KV_TOKENS, default=d.kv_capacity_tokens, help=kv_help
+    )
     p.add_argument(
         "--prefill-tokens-per-s",
-        type=float,
+        type=POSITIVE,
         default=d.prefill_tokens_per_s,
         help="prefill throughput for uncached prompt tokens",
     )
     p.add_argument(
         "--step-overhead-ms",
-        type=float,
+        type=MILLISECONDS_OR_OFF,
         default=d.step_overhead_s * 1000,
         help="fixed cost of one engine step",
     )
     p.add_argument(
         "--decode-ms-per-seq",
-        type=float,
+        type=MILLISECONDS_OR_OFF,
         default=d.decode_s_per_seq * 1000,
         help="added step cost per running sequence",
     )
     p.add_argument(
         "--chunk-tokens",
-        type=int,
+        type=TOKENS,
         default=d.chunk_tokens,
         help="prefill tokens per step (chunked prefill)",
     )
     p.add_argument(
         "--max-loras",
-        type=int,
+        type=COUNT,
         default=d.max_loras,
         help="LoRA adapters in one batch and resident on the GPU (vLLM's --max-loras)",
     )
     p.add_argument(
         "--lora-load-ms",
-        type=float,
+        type=MILLISECONDS_OR_OFF,
         default=d.lora_load_s * 1000,
         help="cost of loading a LoRA adapter that is not resident (one swap)",
     )
     p.add_argument(
         "--cpu-kv-capacity-tokens",
-        type=int,
+        type=TOKENS_OR_OFF,
         default=d.cpu_kv_capacity_tokens,
         help="a host-memory KV tier of this many tokens beneath the GPU's (vLLM's "
         "OffloadingConnector, LMCache's CPU backend): every computed block is stored there "
@@ -216,7 +230,7 @@ def add_model_options(p: argparse.ArgumentParser, kv_help: str) -> None:
     )
     p.add_argument(
         "--kv-load-gbps",
-        type=float,
+        type=POSITIVE,
         default=d.kv_load_gbps,
         help="CPU tier to GPU KV load bandwidth, GB/s (1e9 bytes); a token's KV is "
         "--kv-bytes-per-token",

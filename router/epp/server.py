@@ -61,6 +61,7 @@ LIMIT_NOTES = {
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from router.service.command import add_settings_arguments
+    from router.validation import PORT, PORT_GIVEN
 
     p = sub.add_parser(
         "epp",
@@ -74,17 +75,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         if note is not None:
             action.help = f"{action.help} [{note}]"
     p.add_argument(
-        "--port", dest="grpc_port", type=int, default=GRPC_PORT, help="gRPC (ext_proc) port"
+        "--port", dest="grpc_port", type=PORT, default=GRPC_PORT, help="gRPC (ext_proc) port"
     )
     p.add_argument(
-        "--http-port", dest="port", type=int, default=HTTP_PORT,
+        "--http-port", dest="port", type=PORT, default=HTTP_PORT,
         help="HTTP port: /metrics, /health, /workers, admin, dashboard",
     )  # fmt: skip
     p.add_argument("--plaintext", action="store_true", help="gRPC without TLS")
     p.add_argument("--cert-path", help="PEM certificate for gRPC TLS (default: made at start)")
     p.add_argument("--key-path", help="PEM key of --cert-path")
     p.add_argument(
-        "--print-envoy-config", metavar="LISTEN_PORT", type=int,
+        "--print-envoy-config", metavar="LISTEN_PORT", type=PORT_GIVEN,
         help="print a standalone Envoy gateway's configuration (listening on LISTEN_PORT, "
         "asking this EPP at --host:--port) and exit",
     )  # fmt: skip
@@ -93,11 +94,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
     from router.epp.tls import key_and_certificate
     from router.service.command import settings_from_args
     from router.service.uvicorn_support import problem
+    from router.validation import refuse
 
     if args.print_envoy_config is not None:
         from router.epp.envoy_config import gateway_config, render
@@ -111,30 +111,25 @@ def main(args: argparse.Namespace) -> int:
         return 0
     unsupported = problem()
     if unsupported is not None:
-        print(f"cache-router epp: {unsupported}", file=sys.stderr)
-        return 2
+        return refuse("epp", unsupported)
     try:
         settings = settings_from_args(args)
         tls = None if args.plaintext else key_and_certificate(args.cert_path, args.key_path)
-    except (ValidationError, ValueError, OSError) as exc:
-        print(f"cache-router epp: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as exc:
+        return refuse("epp", exc)
     if settings.prefill_workers or settings.decode_workers:
-        print(
-            "cache-router epp: --prefill/--decode: a disaggregated fleet needs its two legs "
-            "sent by the router itself (cache-router serve); the endpoint picker names one "
-            "endpoint per request",
-            file=sys.stderr,
+        return refuse(
+            "epp",
+            "--prefill/--decode: a disaggregated fleet needs its two legs sent by the router "
+            "itself (cache-router serve); the endpoint picker names one endpoint per request",
         )
-        return 2
     if settings.process_count() > 1:
         from router.service.supervisor import SetupError, _probe_port, main_processes
 
         try:  # the gRPC port is shared too (SO_REUSEPORT): refuse one held by another program
             _probe_port(settings.host, args.grpc_port)
         except SetupError as exc:
-            print(f"cache-router epp: {exc}", file=sys.stderr)
-            return 2
+            return refuse("epp", exc)
         return main_processes(settings, getattr(args, "argv", None) or sys.argv[1:])
     run(settings, args.grpc_port, tls)
     return 0

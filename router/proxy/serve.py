@@ -36,19 +36,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
     from router.service.uvicorn_support import problem
+    from router.validation import refuse
 
     unsupported = problem()
     if unsupported is not None:
-        print(f"cache-router serve: {unsupported}", file=sys.stderr)
-        return 2
+        return refuse("serve", unsupported)
     try:
         settings = settings_from_args(args)
-    except (ValidationError, ValueError, OSError) as exc:
-        print(f"cache-router serve: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as exc:
+        return refuse("serve", exc)
     if not settings.roles():
         print(
             "cache-router serve: no workers yet (add some with --worker URL or POST /workers)",

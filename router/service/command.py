@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
+from pydantic import ValidationError
 
-from router.config import ENV_PREFIX, Settings, load_settings
+from router.config import ENV_PREFIX, Settings, field_rule, load_settings
 
 # Flags whose name or shape differs from the field's.
 _FLAG_NAMES = {
@@ -77,7 +78,7 @@ def add_settings_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (
     for name, info in Settings.model_fields.items():
         if name in skip:
             continue
-        flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+        flag = flag_of(name)
         default = info.get_default(call_default_factory=True)
         env = ENV_PREFIX + name.upper()
         shown = "none" if default in (None, [], {}) else default
@@ -92,17 +93,40 @@ def add_settings_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = (
         elif get_origin(info.annotation) is Literal:
             p.add_argument(flag, choices=get_args(info.annotation), **kw)
         else:
-            kind = info.annotation if info.annotation in (int, float) else str
+            kind = field_rule(name) or str  # a number: the rule Settings checks it with
             p.add_argument(flag, type=kind, metavar=name.split("_")[-1].upper(), **kw)
 
 
+def flag_of(name: str) -> str:
+    """The flag of the Settings field ``name``."""
+    return _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """What is wrong with the options, on one line in argparse's words (``argument
+    --flow-weight: gold: must be > 0, not 0``) rather than pydantic's several lines and
+    URL; a value from the environment or ``--config`` is named by its flag too."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = [str(part) for part in error["loc"]]
+        text = error["msg"].removeprefix("Value error, ")
+        if loc and loc[0] in Settings.model_fields:
+            text = ": ".join([f"argument {flag_of(loc[0])}", *loc[1:], text])
+        problems.append(text)
+    return "; ".join(problems)
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Settings from parsed flags (unset flags leave env / file / defaults in charge)."""
+    """Settings from parsed flags (unset flags leave env / file / defaults in charge);
+    ValueError with :func:`settings_problem`'s one line when they do not hold."""
     values = {name: getattr(args, name, None) for name in Settings.model_fields}
     for name in _KEY_VALUE_FIELDS:
         if values[name] is not None:
             values[name] = dict(values[name])
-    return load_settings(getattr(args, "config", None), **values)
+    try:
+        return load_settings(getattr(args, "config", None), **values)
+    except ValidationError as exc:
+        raise ValueError(settings_problem(exc)) from None
 
 
 def process_sockets(settings: Settings, config) -> list | None:

@@ -126,7 +126,7 @@ def test_per_worker_cpu_tier_and_bandwidth() -> None:
     assert s.cpu_capacity_for("http://a:1") == 0 and s.cpu_capacity_for("http://b:2") == 4096
     assert s.kv_load_s_per_token("http://a:1") == pytest.approx(131_072 / 20e9)
     assert s.kv_load_s_per_token("http://b:2") == pytest.approx(131_072 / 50e9)
-    with pytest.raises(ValueError, match="is negative"):
+    with pytest.raises(ValueError, match="must be >= 0, not -1"):
         Settings(worker_cpu_kv_capacity_tokens={"http://a:1": -1})
-    with pytest.raises(ValueError, match="not positive"):
+    with pytest.raises(ValueError, match="must be > 0, not 0"):
         Settings(worker_kv_load_gbps={"http://a:1": 0})

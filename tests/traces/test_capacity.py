@@ -248,4 +248,4 @@ def test_capacity_live_counts_and_names_the_given_workers(
     err = capsys.readouterr().err
     assert "20 requests, 1 workers" in err
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"cache-router capacity: worker {url} is unreachable: "), last
+    assert last.startswith(f"cache-router capacity: error: worker {url} is unreachable: "), last

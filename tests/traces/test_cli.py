@@ -62,8 +62,16 @@ def test_errors(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["trace", "stats", str(bad)]) == 1
     assert "bad.jsonl:1: missing field" in capsys.readouterr().err
     src = str(data / "generic_sample.jsonl")
-    assert main(["trace", "cap", "--max-turns", "0", src, str(tmp_path / "o")]) == 1
-    assert main(["trace", "synth", "--rate", "0", "--out", str(tmp_path / "o")]) == 1
+    for argv in (["cap", "--max-turns", "0", src, str(tmp_path / "o")],
+                 ["synth", "--rate", "0", "--out", str(tmp_path / "o")]):  # fmt: skip
+        with pytest.raises(SystemExit) as exc:  # an option out of range: argparse's exit 2
+            main(["trace", *argv])
+        assert exc.value.code == 2
+        assert "error: argument --" in capsys.readouterr().err
+    out = str(tmp_path / "o")
+    assert main(["trace", "synth", "--system-prompt-tokens", "100", "--max-context", "50",
+                 "--out", out]) == 2  # fmt: skip
+    assert "max_context must exceed" in capsys.readouterr().err
     assert main(["trace"]) == 2
 
 

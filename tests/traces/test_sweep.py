@@ -138,7 +138,7 @@ def test_replay_and_sweep_refuse_a_bad_trace_line_in_one_line(tmp_path: Path, ca
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
-        assert err == f"cache-router {argv[0]}: {bad}:3: field 'input_length' must be an " \
+        assert err == f"cache-router {argv[0]}: error: {bad}:3: field 'input_length' must be an " \
             "integer, got nan", err  # fmt: skip
 
 
@@ -150,4 +150,4 @@ def test_sweep_names_an_unreachable_worker(tmp_path: Path, capsys) -> None:
             "--policies", "ttft", "--out", str(tmp_path)]  # fmt: skip
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith(f"cache-router sweep: worker {url} is unreachable: "), last
+    assert last.startswith(f"cache-router sweep: error: worker {url} is unreachable: "), last

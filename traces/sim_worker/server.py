@@ -69,6 +69,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router import __version__
 from router.cache.radix_tree import EVICTION_POLICIES
+from router.validation import (
+    COUNT,
+    MAX_TOKENS,
+    PORT,
+    POSITIVE,
+    SECONDS,
+    SEED,
+    integer,
+    refuse,
+)
 from traces import kv_transfer
 from traces.kv_event_publisher import KVEventPublisher, PublisherConfig, config_from_json
 from traces.kv_event_wire import FLAVORS, Flavor
@@ -101,6 +111,9 @@ from traces.sim_worker.pd import (
 )
 from traces.sim_worker.responses import ResponsesApi, transcriptions
 from traces.worker_model import WorkerModelConfig, add_model_options, model_config_from_args
+
+MODEL_LEN = integer(2, MAX_TOKENS)
+"""The longest prompt + output: one token of each at least."""
 
 
 @dataclass(frozen=True)
@@ -445,10 +458,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
-    p.add_argument("--port", type=int, default=8000, help="port to bind")
+    p.add_argument("--port", type=PORT, default=8000, help="port to bind")
     add_model_options(p, "KV cache size in tokens (whole 512-token blocks)")
     p.add_argument(
-        "--max-running", type=int, default=d.max_running, help="running batch size limit"
+        "--max-running", type=COUNT, default=d.max_running, help="running batch size limit"
     )
     p.add_argument(
         "--eviction-policy",
@@ -458,7 +471,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-model-len",
-        type=int,
+        type=MODEL_LEN,
         default=None,
         help="longest prompt + output accepted (default: the KV capacity)",
     )
@@ -472,11 +485,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--time-scale",
-        type=float,
+        type=POSITIVE,
         default=1.0,
         help="model seconds per real second (>1 runs faster than real time)",
     )
-    p.add_argument("--seed", type=int, default=None, help="seed for response ids")
+    p.add_argument("--seed", type=SEED, default=None, help="seed for response ids")
     p.add_argument(
         "--flavor",
         choices=FLAVORS,
@@ -519,20 +532,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     kv_transfer.add_options(g, pd, " (model time, scaled by --time-scale)")
     g.add_argument(
         "--disaggregation-bootstrap-port",
-        type=int,
+        type=PORT,
         default=DEFAULT_BOOTSTRAP_PORT,
         help="SGLang prefill: the bootstrap listener's port, a second socket on --host "
         "(0: a free one, printed at start)",
     )
     g.add_argument(
         "--kv-hold-s",
-        type=float,
+        type=SECONDS,
         default=pd.kv_hold_s,
         help="prefill: real seconds a finished prefill's KV waits for its decode to pull it",
     )
     g.add_argument(
         "--kv-wait-timeout-s",
-        type=float,
+        type=SECONDS,
         default=pd.kv_wait_timeout_s,
         help="SGLang decode: real seconds it polls for its bootstrap room before a 503",
     )
@@ -587,8 +600,7 @@ def _run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         app = create_app(config)
     except (ValueError, OSError) as exc:
-        print(f"cache-router sim-worker: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("sim-worker", exc)
     bootstrap = app.state.pd.bootstrap
     if bootstrap is not None:
         print(
