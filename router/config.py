@@ -400,6 +400,18 @@ class Settings(BaseSettings):
         description="flow control: also saturated when every worker's booked KV plus the "
         "prompt passes this fraction of its capacity (0: off)",
     )
+    flow_decode_step_s: SecondsOrOff = Field(
+        0.008,
+        description="flow control: an engine step's decode cost, fixed part, which each step "
+        "of a worker's queued prefill carries (router/core/flow_queue.py StepCost; default: "
+        "measured on an H100, 8B model)",
+    )
+    flow_decode_token_s: SecondsOrOff = Field(
+        4.3e-8,
+        description="flow control: an engine step's decode cost per context token the "
+        "worker holds (booked prompts and expected output; default: measured on an H100, "
+        "8B model)",
+    )
     metrics_require_key: bool = Field(
         False,
         description="require a client or admin key for GET /metrics, /workers and "

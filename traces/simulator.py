@@ -70,10 +70,13 @@ from router.cache.radix_tree import RadixTree
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
 from router.cache.workload import PrefillRate
 from router.core.flow_queue import (
+    DECODE_STEP_S,
+    DECODE_TOKEN_S,
     DEFAULT_FLOW,
     FlowQueue,
     Limits,
     QueueFull,
+    StepCost,
     Waiting,
     predicted_ttft,
     saturated,
@@ -178,6 +181,10 @@ class SimConfig:
     flow_target_ttft_s: float = 2.0
     flow_queue_max: int = 1000
     flow_queue_ttl_s: float = 30.0
+    # the decode cost each engine step of queued prefill carries, as serve prices it
+    # (--flow-decode-step-s, --flow-decode-token-s)
+    flow_decode_step_s: float = DECODE_STEP_S
+    flow_decode_token_s: float = DECODE_TOKEN_S
     # the TTFT a request must meet to count in goodput (reported when the trace has tenants
     # or priorities, or with flow control)
     slo_ttft_s: float = 2.0
@@ -597,9 +604,10 @@ def simulate(
     if config.flow_control:
         flow = FlowQueue(Limits(config.flow_queue_max, 0, config.flow_queue_ttl_s))
     default_rate = config.worker.prefill_tokens_per_s
+    step_cost = StepCost(config.flow_decode_step_s, config.flow_decode_token_s)
 
     def full(features: RequestFeatures, now: float) -> bool:
-        prediction = predicted_ttft(features, views, default_rate, now)
+        prediction = predicted_ttft(features, views, default_rate, now, cost=step_cost)
         return saturated(prediction, config.flow_target_ttft_s)
 
     def refuse(i: int, now: float) -> None:

@@ -23,6 +23,14 @@ router's in-flight gauge after the run. The bar: interactive p90 <= the SLO; the
 tenant's p90 <= 1.5x its p90 alone; goodput >= 0.9x the goodput at capacity; every request
 answered 200, or 429/503 with Retry-After; in flight back to 0.
 
+``--load X`` (issue 52's overload): no capacity search; flow control off and on at ``X`` times
+the trace's rate, and the bar is flow control's gain there: interactive p90 <= 0.5x and the
+light tenant's p90 <= 0.7x what they get with flow control off, every request answered 200 or
+429/503 with Retry-After. ``--flow-defaults``: flow control at ``serve``'s defaults (target TTFT
+and queue TTL as Settings has them, in modelled seconds); ``--max-output 0``: the trace's own
+output lengths; ``--interactive-priority``: the interactive share's ``x-priority``;
+``--worker-gpu-profile``: the sim workers' ``--gpu-profile``.
+
 The SLO is 4 s by default, not the issue's 2 s: on 4 default sim workers the sample's first 400
 requests have a TTFT p90 of 2.85 s at 0.2x load offline (`cache-router simulate ... --speedup
 0.2`; no-queue floor 1.77 s) and about 3 s live, so no load meets 2 s.
@@ -160,16 +168,27 @@ def one_run(
     scale = args.time_scale
     router_args = ["--log-level", "warning", *time_scaled_router_args("ttft", scale)]
     if flow:
+        target, ttl = args.flow_target_ttft_s, args.flow_ttl_s
+        if args.flow_defaults:
+            from router.config import Settings
+
+            defaults = Settings.model_fields
+            target = defaults["flow_target_ttft_s"].default
+            ttl = defaults["flow_queue_ttl_s"].default
+        from router.core.flow_queue import DECODE_STEP_S, DECODE_TOKEN_S
+
         router_args += [
             "--flow-control",
-            "--flow-target-ttft-s", repr(args.flow_target_ttft_s / scale),
-            "--flow-queue-ttl-s", repr(args.flow_ttl_s / scale),
+            "--flow-target-ttft-s", repr(target / scale),
+            "--flow-queue-ttl-s", repr(ttl / scale),
+            "--flow-decode-step-s", repr(DECODE_STEP_S / scale),
+            "--flow-decode-token-s", repr(DECODE_TOKEN_S / scale),
         ]  # fmt: skip
     if not reset_caches(workers):
         raise RuntimeError("a worker refused POST /reset_prefix_cache")
     with front_end(workers, router_args, args.via_epp) as (url, metrics_url):
         cfg = ReplayConfig(
-            url=url, speedup=load * scale, max_output_tokens=args.max_output,
+            url=url, speedup=load * scale, max_output_tokens=args.max_output or None,
             prompt_mode=args.prompt_mode, worker_urls=tuple(workers),
         )  # fmt: skip
         outcome = asyncio.run(replay(trace, cfg, "flow" if flow else "plain"))
@@ -211,7 +230,7 @@ def smg_run(
         peer_router("smg", args.smg, workers, "cache_aware", folder, extra) as smg,
     ):
         cfg = ReplayConfig(
-            url=smg.url, speedup=load * args.time_scale, max_output_tokens=args.max_output,
+            url=smg.url, speedup=load * args.time_scale, max_output_tokens=args.max_output or None,
             prompt_mode=args.prompt_mode, worker_urls=tuple(workers), model="sim-model",
             priority_header="x-smg-priority", priority_names=SMG_PRIORITIES,
         )  # fmt: skip
@@ -226,13 +245,22 @@ def smg_run(
 
 def run(args: argparse.Namespace) -> dict:
     trace = load_trace(str(args.trace))[: args.requests]
-    trace = assign_tenants(trace, parse_tenant_weights(args.tenants), args.interactive_share)
+    weights = parse_tenant_weights(args.tenants)
+    trace = assign_tenants(trace, weights, args.interactive_share, args.interactive_priority)
     worker_args = ["--time-scale", str(args.time_scale), "--log-level", "warning"]
+    if args.worker_gpu_profile:
+        worker_args += ["--gpu-profile", args.worker_gpu_profile]
     out: dict = {"args": vars(args) | {"trace": str(args.trace)}, "capacity_runs": []}
+    light = tenant_name(len(weights) - 1)
     with sim_workers(args.workers, worker_args) as started:
         workers = [w.url for w in started]
         if args.smg:  # only SMG, at --overload times the first of --loads
             out["smg"] = smg_run(trace, workers, args.loads[0] * args.overload, args)
+            return out
+        if args.load is not None:  # issue 52: flow control's gain at one overload
+            out["off"] = one_run(trace, workers, args.load, args, flow=False)
+            out["on"] = one_run(trace, workers, args.load, args, flow=True)
+            out["bar"] = overload_bar(out, light, args.interactive_priority)
             return out
         capacity = None
         for load in args.loads:
@@ -248,16 +276,36 @@ def run(args: argparse.Namespace) -> dict:
         overload = capacity["load"] * args.overload
         out["off"] = one_run(trace, workers, overload, args, flow=False)
         out["on"] = one_run(trace, workers, overload, args, flow=True)
-        light = tenant_name(len(parse_tenant_weights(args.tenants)) - 1)
         alone = [r for r in trace if r.tenant == light]
         out["light_alone"] = one_run(alone, workers, overload, args, flow=True)
-    out["bar"] = bar(out, light, args.slo)
+    out["bar"] = bar(out, light, args.slo, args.interactive_priority)
     return out
 
 
-def bar(out: dict, light: str, slo: float) -> dict:
+def overload_bar(out: dict, light: str, priority: int) -> dict:
+    """Issue 52's bar: flow control's gain over flow control off at the same load."""
+    on, off = out["on"], out["off"]
+    nan = {"ttft_p90": float("nan")}
+    interactive = on.get(f"priority_{priority}", nan)["ttft_p90"]
+    interactive_off = off.get(f"priority_{priority}", nan)["ttft_p90"]
+    light_on, light_off = on[light]["ttft_p90"], off[light]["ttft_p90"]
+    return {
+        "interactive_p90_on": interactive,
+        "interactive_p90_off": interactive_off,
+        "interactive_ratio": interactive / interactive_off,
+        "interactive_ok": interactive <= 0.5 * interactive_off,
+        "light_p90_on": light_on,
+        "light_p90_off": light_off,
+        "light_ratio": light_on / light_off,
+        "light_ok": light_on <= 0.7 * light_off,
+        "answered_ok": on["unanswered"] == 0 and on["refused_without_retry_after"] == 0,
+        "in_flight_ok": on["in_flight_after"] == 0,
+    }
+
+
+def bar(out: dict, light: str, slo: float, priority: int = 1) -> dict:
     on = out["on"]
-    interactive = on.get("priority_1", {}).get("ttft_p90", float("nan"))
+    interactive = on.get(f"priority_{priority}", {}).get("ttft_p90", float("nan"))
     light_p90 = on[light]["ttft_p90"]
     alone = out["light_alone"][light]["ttft_p90"]
     goodput_ratio = on["goodput_rps"] / out["capacity"]["goodput_rps"]
@@ -287,12 +335,23 @@ def main() -> int:
         "taken as the capacity if it meets it)",
     )  # fmt: skip
     p.add_argument("--overload", type=float, default=2.0)
+    p.add_argument(
+        "--load", type=float, default=None,
+        help="no capacity search: flow control off and on at this multiple of the trace's "
+        "rate, judged by issue 52's bar (flow control's gain over off)",
+    )  # fmt: skip
     p.add_argument("--slo", type=float, default=4.0, help="TTFT p90 SLO, modelled seconds")
     p.add_argument("--flow-target-ttft-s", type=float, default=2.5)
     p.add_argument("--flow-ttl-s", type=float, default=1.0)
+    p.add_argument(
+        "--flow-defaults", action="store_true",
+        help="flow control at serve's defaults (target TTFT, queue TTL) instead of the two above",
+    )  # fmt: skip
     p.add_argument("--tenants", default="4:1")
     p.add_argument("--interactive-share", type=float, default=0.2)
-    p.add_argument("--max-output", type=int, default=64)
+    p.add_argument("--interactive-priority", type=int, default=1)
+    p.add_argument("--max-output", type=int, default=64, help="0: the trace's own")
+    p.add_argument("--worker-gpu-profile", default=None, help="the sim workers' --gpu-profile")
     p.add_argument(
         "--prompt-mode", choices=("tokens", "text"), default="tokens",
         help="prompts as token ids or text (SMG takes text only)",

@@ -9,7 +9,9 @@ simulator runs too.
 A request arrives (already admitted: in flight, ``max_inflight``):
 
 - the fleet is not saturated for it (the best worker's predicted TTFT for it is within
-  ``--flow-target-ttft-s``, :func:`~router.core.flow_queue.saturated`) and nothing of its
+  ``--flow-target-ttft-s``, :func:`~router.core.flow_queue.saturated`: queued prefill, the
+  decode its steps carry, ``--flow-decode-step-s`` and ``--flow-decode-token-s``, and the
+  wait for KV room) and nothing of its
   priority or higher waits: it goes on at once (dispatched, wait 0);
 - saturated and sheddable (negative priority): 429 ``flow_shed`` with Retry-After;
 - else it waits in the queue (429 ``flow_queue_full`` / ``flow_queue_bytes`` past its band's
@@ -60,6 +62,7 @@ from router.core.flow_queue import (
     Limits,
     Prediction,
     QueueFull,
+    StepCost,
     Waiting,
     classify,
     predicted_ttft,
@@ -96,6 +99,7 @@ class FlowControl:
         self.target_s = settings.flow_target_ttft_s
         self.kv_limit = settings.flow_kv_limit
         self.rate = settings.prefill_tokens_per_s
+        self.cost = StepCost(settings.flow_decode_step_s, settings.flow_decode_token_s)
         self.objectives = dict(settings.flow_objectives)
         self.fairness_header = settings.flow_fairness_header.lower()
         limits = Limits(
@@ -136,7 +140,7 @@ class FlowControl:
         (the pick answers why)."""
         try:
             views = self.pool.views_for(features.model)
-            prediction = predicted_ttft(features, views, self.rate, now, self.kv_limit)
+            prediction = predicted_ttft(features, views, self.rate, now, self.kv_limit, self.cost)
         except (NoHealthyWorker, ModelNotServed):
             return None
         self.last = prediction

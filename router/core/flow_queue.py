@@ -21,8 +21,9 @@ No clock, no event loop, no I/O: every time is passed in, so ``serve``, the endp
   requests, bytes, TTL.
 - :func:`predicted_ttft`: the router's own model of the fleet: the best worker's predicted
   time to first token for the request (its prefill queue and the request's own uncached
-  prefill, at the worker's learned rate), and how much of the request's own prefill alone
-  that is; :func:`saturated` compares it with the target.
+  prefill, at the worker's learned rate, plus the decode every engine step of that prefill
+  carries, :class:`StepCost`), and how much of the request's own prefill alone that is;
+  :func:`saturated` compares it with the target.
 """
 
 from __future__ import annotations
@@ -315,6 +316,37 @@ class FlowQueue:
 # ---- saturation -----------------------------------------------------------------------------
 
 
+CHUNK_TOKENS = 8192  # prefill tokens an engine step carries (vLLM's long-prefill chunk)
+DECODE_STEP_S = 0.008  # a decode step's fixed cost (measured: H100, 8B, 7.9 ms)
+DECODE_TOKEN_S = 4.3e-8  # ... and per context token in the batch (measured: 42.6 ns)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """What an engine step of a worker costs beside its prefill: the decode of every running
+    sequence rides along with each chunk, ``step_s + token_s * context`` (``context``: the
+    tokens the batch attends to), so a worker holding long contexts prefills its queue
+    slower than its rate alone says. Defaults: the H100 8B profile's decode fit
+    (traces/profiles/h100-llama8b.json); ``serve --flow-decode-step-s`` and
+    ``--flow-decode-token-s`` set them."""
+
+    step_s: float = DECODE_STEP_S
+    token_s: float = DECODE_TOKEN_S
+    chunk_tokens: int = CHUNK_TOKENS
+
+    def step(self, context_tokens: float) -> float:
+        """One engine step's decode with ``context_tokens`` in the batch."""
+        return self.step_s + self.token_s * max(context_tokens, 0)
+
+    def steps(self, prefill_tokens: float) -> float:
+        """The engine steps ``prefill_tokens`` of queued prefill take (chunked, plus the step
+        that yields the first token)."""
+        return max(prefill_tokens, 0) / self.chunk_tokens + 1.0
+
+
+STEP_COST = StepCost()
+
+
 @dataclass(frozen=True, slots=True)
 class Prediction:
     """The best worker's predicted TTFT for a request, and its own prefill there alone."""
@@ -330,16 +362,26 @@ def predicted_ttft(
     default_rate: float,
     now: float | None = None,
     kv_limit: float = 0.0,
+    cost: StepCost = STEP_COST,
 ) -> Prediction:
-    """The least predicted TTFT over the healthy workers in ``views``: the prefill queued
-    there (what is left of it at ``now``, when the view can tell) plus the request's own
-    uncached prefill, at the worker's learned rate (``default_rate`` for views without one),
-    plus the load of what it finds in the worker's CPU KV tier (as the ttft picker prices it).
-    A pure function of the workers' state. ``kv_limit`` > 0: a worker whose booked KV plus
-    the prompt passes that fraction of its capacity is full; ``kv_full`` when every one is.
-    A worker with nothing booked is never full: a prompt above the limit's share of every
-    worker's KV goes once some worker can take it alone (the worker then answers it, as it
-    would without the router), instead of waiting out its TTL and its band behind it.
+    """The least predicted TTFT over the healthy workers in ``views``, each
+    :func:`worker_ttft`: the prefill queued there (what is left of it at ``now``, when the
+    view can tell) plus the request's own uncached prefill, at the worker's learned rate
+    (``default_rate`` for views without one), plus the decode of the sequences it holds,
+    which every engine step of that prefill carries (``cost``), plus the load of what it
+    finds in the worker's CPU KV tier (as the ttft picker prices it). Without the decode, a
+    fleet of long running sequences read as idle while each step took several times its
+    prefill (issue 52: every request dispatched, the workers' TTFT p90 at 43 s).
+
+    A pure function of the workers' state, the one place flow control (``serve``, the
+    endpoint picker and the simulator) predicts a TTFT. ``own_s``: the least of the
+    request's own prefill alone, with the decode it would carry, over the workers (a
+    worker whose prefill queue is empty predicts exactly that; waiting for one with no
+    running sequence could last as long as they run). ``kv_limit`` > 0: a worker whose booked KV
+    plus the prompt passes that fraction of its capacity is full; ``kv_full`` when every
+    one is. A worker with nothing booked is never full: a prompt above the limit's share of
+    every worker's KV goes once some worker can take it alone (the worker then answers it,
+    as it would without the router), instead of waiting out its TTL and its band behind it.
     Raises :class:`~policies.base.NoHealthyWorker` when none is healthy."""
     hits, loads, _ = estimate_tier_hits(features, views)
     length = features.input_length
@@ -357,17 +399,56 @@ def predicted_ttft(
         if pending is None:
             pending = view.pending_prefill_tokens
         uncached = length - hit if length > hit else 0
-        ttft = (max(pending, 0) + uncached) / rate + (loads[i] if loads else 0.0)
+        alone = worker_ttft(0, uncached, rate, view, cost)
+        ttft = worker_ttft(pending, uncached, rate, view, cost)
+        ttft += memory_wait(uncached, view, cost) + (loads[i] if loads else 0.0)
         if ttft < best:
             best = ttft
-        if uncached / rate < own:
-            own = uncached / rate
+        if alone < own:
+            own = alone
         if kv_limit > 0 and full:
             capacity = view.kv_capacity_tokens
             held = view.held_tokens
             if not capacity or held <= 0 or held + uncached <= kv_limit * capacity:
                 full = False
     return Prediction(best, own, kv_limit > 0 and full)
+
+
+def worker_ttft(
+    pending: float,
+    uncached: float,
+    rate: float,
+    view: Any = None,
+    cost: StepCost = STEP_COST,
+) -> float:
+    """One worker's predicted TTFT for ``uncached`` new prompt tokens behind ``pending``
+    queued ones: their prefill at ``rate``, and in each engine step it takes the decode of
+    the tokens ``view`` holds (its booked requests' prompts and expected output; no
+    ``view``: an idle worker)."""
+    work = max(pending, 0) + uncached
+    context = view.held_tokens if view is not None else 0
+    return work / rate + cost.steps(work) * cost.step(context)
+
+
+def memory_wait(uncached: float, view: Any, cost: StepCost = STEP_COST) -> float:
+    """How long the request waits at the worker for KV room: 0 while its booked KV plus the
+    prompt fits; past it, until enough running sequences finish to free the excess. Each
+    finished sequence frees its share of the booked KV (``held / n``); the running ones have
+    on average half their expected output ahead (``decode / n``), spread evenly, so the
+    ``k``-th to finish does so after about ``k / (n + 1)`` of that many decode steps (an
+    engine admits in order, so the prompts queued ahead need room first: they are booked,
+    in ``held``). Decode steps while it waits cost as many as with the batch's context."""
+    n = view.num_requests
+    held = view.held_tokens
+    capacity = view.kv_capacity_tokens
+    if n <= 0 or held <= 0 or not capacity:
+        return 0.0
+    excess = held + uncached - capacity
+    if excess <= 0:
+        return 0.0
+    finishing = min(math.ceil(excess * n / held), n)
+    decode = max(view.ongoing_decode_tokens, 0)
+    return decode / n * finishing / (n + 1) * cost.step(held)
 
 
 def saturated(prediction: Prediction, target_s: float) -> bool:

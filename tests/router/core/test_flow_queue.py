@@ -18,8 +18,10 @@ from router.core.flow_queue import (
     Limits,
     Prediction,
     QueueFull,
+    StepCost,
     Waiting,
     classify,
+    memory_wait,
     predicted_ttft,
     saturated,
 )
@@ -205,9 +207,12 @@ def features(n: int) -> RequestFeatures:
     return RequestFeatures(blocks=(), input_length=n)
 
 
+PREFILL_ONLY = StepCost(0.0, 0.0)  # engine steps free: the prefill terms alone
+
+
 def test_predicted_ttft_is_the_best_workers_queue_plus_own_uncached_prefill():
     views = [View(pending_prefill_tokens=4000), View(pending_prefill_tokens=1000, hit=500)]
-    p = predicted_ttft(features(1000), views, default_rate=1000.0)
+    p = predicted_ttft(features(1000), views, default_rate=1000.0, cost=PREFILL_ONLY)
     assert p.ttft_s == pytest.approx(1.5)  # (1000 + 500) / 1000 on the second
     assert p.own_s == pytest.approx(0.5)
     assert saturated(p, 1.0) and not saturated(p, 2.0)
@@ -229,7 +234,7 @@ class TieredView(View):
 
 def test_predicted_ttft_counts_a_cpu_tier_hit_at_its_load_time():
     views = [TieredView(cpu_hit=800, kv_load_s_per_token=0.0001), View(pending_prefill_tokens=0)]
-    p = predicted_ttft(features(1000), views, default_rate=1000.0)
+    p = predicted_ttft(features(1000), views, default_rate=1000.0, cost=PREFILL_ONLY)
     # the first: 200 tokens to prefill (0.2 s) and 800 to load (0.08 s); the second: 1 s
     assert p.ttft_s == pytest.approx(0.28)
     assert p.own_s == pytest.approx(0.2)
@@ -260,3 +265,77 @@ def test_kv_limit_lets_a_prompt_past_its_share_go_to_a_worker_that_holds_nothing
     busy[1] = View(held_tokens=0, kv_capacity_tokens=16384)
     p = predicted_ttft(features(9000), busy, 1000.0, kv_limit=0.5)
     assert not p.kv_full and not saturated(p, 100.0)
+
+
+# ---- the decode the prefill's steps carry (issue 52) ---------------------------------------
+
+
+def test_every_step_of_queued_prefill_carries_the_decode_of_the_held_context():
+    """16384 queued + 8192 own tokens at 10k/s: 2.4576 s of prefill in 24576 / 8192 + 1 = 4
+    engine steps, each carrying a decode step of 0.01 s + 1e-8 s x 1M held tokens."""
+    cost = StepCost(step_s=0.01, token_s=1e-8, chunk_tokens=8192)
+    views = [View(pending_prefill_tokens=16384, held_tokens=1_000_000, num_requests=8)]
+    p = predicted_ttft(features(8192), views, 10_000.0, cost=cost)
+    assert p.ttft_s == pytest.approx(2.4576 + 4 * 0.02)
+    # its own prefill alone there: 8192 tokens, 2 steps of the same decode
+    assert p.own_s == pytest.approx(0.8192 + 2 * 0.02)
+
+
+def test_a_fleet_of_long_running_sequences_is_saturated_before_its_prefill_alone_says_so():
+    """Issue 52: 24576 tokens of prefill at 15k/s is 1.64 s, within a 2 s target; but every
+    one of its 4 steps also decodes 32 sequences of 128k context (0.18 s a step, at the
+    default cost: the H100 8B profile's), so the first token comes past the target."""
+    views = [
+        View(pending_prefill_tokens=16384, held_tokens=32 * 131072, num_requests=32)
+        for _ in range(2)
+    ]
+    prefill_only = predicted_ttft(features(8192), views, 15_000.0, cost=PREFILL_ONLY)
+    assert not saturated(prefill_only, 2.0)
+    p = predicted_ttft(features(8192), views, 15_000.0)
+    assert p.ttft_s == pytest.approx(24576 / 15_000 + 4 * (0.008 + 4.3e-8 * 32 * 131072))
+    assert saturated(p, 2.0)
+
+
+def test_an_empty_prefill_queue_takes_a_long_prompt_whatever_decodes_there():
+    """The request's own prefill with the decode it carries is its floor: a prompt too long
+    for the target goes to a worker whose prefill queue is empty, however much runs there
+    (waiting for one with nothing running could last as long as its sequences)."""
+    busy = {"held_tokens": 2_000_000, "num_requests": 16}
+    views = [View(**busy), View(pending_prefill_tokens=20_000, **busy)]
+    p = predicted_ttft(features(60_000), views, 15_000.0)
+    assert p.ttft_s > 4.0 and p.ttft_s == pytest.approx(p.own_s)
+    assert not saturated(p, 2.0)
+
+
+def test_a_worker_whose_kv_is_full_waits_for_running_sequences_to_finish():
+    """4 running requests hold 1000 of 1000 KV tokens with 400 tokens of output booked: 250
+    more need one of them to finish, about 100 / 5 = 20 decode steps away."""
+    cost = StepCost(step_s=0.01, token_s=0.0)
+    full = View(
+        num_requests=4, held_tokens=1000, kv_capacity_tokens=1000, ongoing_decode_tokens=400
+    )
+    assert memory_wait(250, full, cost) == pytest.approx(20 * 0.01)
+    # 750 more need three of them: 60 steps
+    assert memory_wait(750, full, cost) == pytest.approx(60 * 0.01)
+    p = predicted_ttft(features(250), [full], 1000.0, cost=cost)
+    steps = 250 / 8192 + 1
+    assert p.ttft_s == pytest.approx(0.25 + steps * 0.01 + 0.2)
+    assert p.own_s == pytest.approx(0.25 + steps * 0.01)  # the wait is the others': no floor
+    room = View(num_requests=4, held_tokens=500, kv_capacity_tokens=1000, ongoing_decode_tokens=400)
+    assert memory_wait(250, room, cost) == 0.0
+
+
+def test_a_worker_that_holds_nothing_never_waits_for_kv_room():
+    """A prompt larger than the worker's KV is the worker's to answer alone, not a wait."""
+    empty = View(kv_capacity_tokens=1000)
+    assert memory_wait(5000, empty) == 0.0
+    assert memory_wait(5000, View(num_requests=1, held_tokens=100)) == 0.0  # capacity unknown
+
+
+def test_the_decode_cost_settings_default_to_the_constants_flow_control_uses():
+    from router.config import Settings
+    from router.core.flow_queue import DECODE_STEP_S, DECODE_TOKEN_S
+
+    settings = Settings()
+    assert settings.flow_decode_step_s == DECODE_STEP_S
+    assert settings.flow_decode_token_s == DECODE_TOKEN_S
