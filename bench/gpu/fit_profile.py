@@ -204,7 +204,7 @@ def build(calib: dict, args: argparse.Namespace) -> dict:
             f"derived from the one-GPU measurement with tensor parallelism {n} (see "
             "tensor_parallel_assumption); fit and measured are the one-GPU run's"
         )
-    from_dict(json.loads(json.dumps(profile)), args.name)  # as router/cache/cost_profile.py reads it
+    from_dict(json.loads(json.dumps(profile)), args.name)  # as cost_profile.py reads it
     return profile
 
 

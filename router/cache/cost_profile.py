@@ -101,8 +101,8 @@ def profile_names() -> list[str]:
 
 
 def resolve(text: str) -> GpuProfile | None:
-    """``--gpu-profile``'s (or ``--cost-profile``'s) value: ``flat`` (None: the flat model), a shipped profile's name,
-    or a profile file. ValueError, one line, for anything else."""
+    """``--gpu-profile``'s (or ``--cost-profile``'s) value: ``flat`` (None: the flat model),
+    a shipped profile's name, or a profile file. ValueError, one line, for anything else."""
     if text == FLAT:
         return None
     shipped = profiles_dir() / f"{text}.json"

@@ -114,7 +114,9 @@ def test_a_router_in_front_of_time_scaled_workers_prices_in_their_seconds():
     from traces.fleet import time_scaled_router_args
 
     assert time_scaled_router_args("ttft", 1.0) == []
-    assert time_scaled_router_args("unified", 20.0) == ["--prefill-tokens-per-s", "300000.0"]
+    assert time_scaled_router_args("unified", 20.0) == [
+        "--prefill-tokens-per-s", "300000.0", "--cost-time-scale", "20.0"
+    ]  # fmt: skip
     args = build_parser().parse_args(
         ["serve", "--worker", "http://127.0.0.1:1", *time_scaled_router_args("ttft", 20.0)]
     )
