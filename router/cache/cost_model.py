@@ -62,7 +62,7 @@ MIN_TOKENS = 512
 """Observations with less prefill (queued ahead plus its own) than one block are the
 engine's fixed costs and the network's: scored, not learned from."""
 
-ERROR_BOUNDS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
+ERROR_BOUNDS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 """Bucket bounds of the absolute error as a fraction of the observed TTFT."""
 
 
