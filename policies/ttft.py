@@ -41,8 +41,9 @@ worker ``i`` in seconds:
   prefill and the request's own uncached tokens, each priced with the attention over its
   cached prefix, in chunked steps that also carry the decode of every running sequence (by
   its context tokens), times the correction learned from the worker's answers. On the
-  bundled agentic sample over 4 H100-profiled workers it predicts TTFT within 2-4%
-  (median) where the flat formula is off by 30%. The flat profile keeps the formula above.
+  bundled agentic sample over 4 H100-profiled workers it predicts TTFT within 2-4.4%
+  (median) where the flat formula is off by about 30% (docs/simulation.md). The flat
+  profile keeps the formula above.
 - ``rate_i`` is the worker's effective prefill rate, learned online from observed time to
   first token and reported cached tokens (:class:`router.cache.workload.PrefillRate`, seeded
   from configuration, bounded); views without one use ``prefill_tokens_per_s``.
