@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from router.cache.cost_model import WorkerCost
 from router.cache.features import RequestFeatures
 
 
@@ -41,6 +42,11 @@ class WorkerView(Protocol):
 
     @property
     def kv_capacity_tokens(self) -> int: ...
+
+    @property
+    def cost(self) -> WorkerCost | None:
+        """The worker's TTFT cost model (its queue and decode batch as booked, its learned
+        correction: :mod:`router.cache.cost_model`); None for a view without one."""
 
     def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
         """Tokens of the longest prefix of the request the worker probably has cached.

@@ -25,8 +25,10 @@ from pydantic_settings import (
 
 from policies.registry import PICKER_NAMES, make_picker
 from router.cache.block_hash import BLOCK_SIZE
+from router.cache.cost_model import SEQ_S, CostTerms
+from router.cache.cost_profile import FLAT, profile_names, resolve
 from router.cache.radix_tree import EVICTION_POLICIES
-from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S
+from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
 from router.validation import (
     BYTES,
     BYTES_OR_OFF,
@@ -191,6 +193,19 @@ class Settings(BaseSettings):
         DEFAULT_PREFILL_TOKENS_PER_S,
         description="each worker's expected prefill rate: the prior of the rate the ttft "
         "picker learns from observed time to first token (router/cache/workload.py)",
+    )
+    cost_profile: str = Field(
+        FLAT,
+        description="the GPU cost profile the router predicts time to first token with "
+        "(router/cache/cost_model.py; the ttft picker and /metrics' prediction error): "
+        "'flat' (--prefill-tokens-per-s and fixed step costs), one of "
+        f"{', '.join(profile_names())}, or a profile JSON file (bench/gpu/README.md); "
+        "corrected per worker from observed TTFT",
+    )
+    cost_time_scale: Positive = Field(
+        1.0,
+        description="the workers run this many times faster than real time (sim workers' "
+        "--time-scale): the cost profile's seconds (and the flat one's step costs) divided by it",
     )
     radix_eviction: str = Field("lru", description="eviction policy of the shadow radix tree")
     tokenizer: str = Field(
@@ -517,6 +532,7 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"tokenizer must be 'approx', 'worker' or an existing path, not {self.tokenizer!r}"
             )
+        self.cost_terms()  # ValueError, one line, for an unknown name or a bad file
         if self.radix_eviction not in EVICTION_POLICIES:
             raise ValueError(
                 f"radix_eviction must be one of {', '.join(EVICTION_POLICIES)}, "
@@ -532,6 +548,15 @@ class Settings(BaseSettings):
                 f"state_url must be redis://, rediss:// or unix://, not {self.state_url!r}"
             )
         return self
+
+    def cost_terms(self) -> CostTerms:
+        """The cost model's terms (router/cache/cost_model.py): ``cost_profile``'s, or the
+        flat prior of ``prefill_tokens_per_s``, in the workers' time."""
+        profile = resolve(self.cost_profile)
+        scale = self.cost_time_scale
+        if profile is None:
+            return CostTerms.flat(self.prefill_tokens_per_s, STEP_OVERHEAD_S / scale, SEQ_S / scale)
+        return CostTerms.of_profile(profile, scale)
 
     def process_count(self) -> int:
         """``processes`` as a number: 'auto' is the cores this process may use (its CPU

@@ -57,6 +57,7 @@ from traces.record import TraceRequest, first_too_long
 from traces.simulate import (
     add_simulation_options,
     config_from_args,
+    cost_args,
     fleet_bounds,
     make_sim_picker,
     parse_policies,
@@ -172,7 +173,7 @@ def live_evaluator(
         salt = args.seed + 104_729 * next(evaluations)  # no run hits an earlier run's prompts
         argv = ["sweep", "--trace", args.trace, "--policies", policy, "--pacing", args.pacing,
                 "--salt", str(salt), "--max-turns", str(args.max_turns),
-                "--router-args", args.router_args]  # fmt: skip
+                "--router-args", f"{shlex.join(cost_args(config))} {args.router_args}"]  # fmt: skip
         if args.max_output_tokens is not None:
             argv += ["--max-output-tokens", str(args.max_output_tokens)]
         if args.worker:
@@ -328,7 +329,8 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
         trace_summary(trace_path, trace), trace, bounds, results, slos, grid,
         {"workers": config.fleet_size, "kv_capacity_tokens": config.worker.kv_capacity_tokens,
          "prefill_tokens_per_s": config.worker.prefill_tokens_per_s, "pacing": config.pacing,
-         "mode": mode, "jobs": args.jobs, "gpu_profile": profile_arg(config.worker.profile)},
+         "mode": mode, "jobs": args.jobs, "gpu_profile": profile_arg(config.worker.profile),
+         "cost_profile": profile_arg(config.cost_profile)},
         time.perf_counter() - started,
     )  # fmt: skip
     written = write_capacity(document, out, plots)

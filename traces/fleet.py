@@ -185,7 +185,7 @@ def time_scaled_router_args(policy: str, time_scale: float) -> list[str]:
     prior, params = time_scaled_settings(policy, time_scale)
     if prior is None:
         return []
-    args = ["--prefill-tokens-per-s", repr(prior)]
+    args = ["--prefill-tokens-per-s", repr(prior), "--cost-time-scale", repr(time_scale)]
     for key, value in params.items():
         args += ["--picker-param", f"{key}={value!r}"]
     return args

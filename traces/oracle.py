@@ -51,6 +51,10 @@ class TruthView:
         return self.model.num_running + self.model.num_waiting
 
     @property
+    def cost(self) -> None:
+        return None  # the truth has no prediction to make
+
+    @property
     def ongoing_decode_tokens(self) -> int:
         return self.state.ongoing_decode_tokens
 

@@ -24,6 +24,13 @@ policy's gap to the hit ceiling into its causes: ``hit_gap`` per policy and a se
 (traces/hit_gap_report.py). Requests the simulator refused (flow control's 429s, or a prompt
 past a worker's context, the engine's 400) are counted in ``rejected`` (the latter also in
 ``rejected_too_long``) and left out of the latencies.
+
+The router's own TTFT prediction (its cost model at booking, router/cache/cost_model.py)
+against the observed TTFT: ``ttft_pred_mdape`` and ``ttft_pred_mape`` (the median and mean
+absolute error as a fraction of the observed), ``ttft_pred_bias`` (predicted seconds over
+observed ones) and ``ttft_pred_requests``; the table's "TTFT pred err" column is the median.
+``simulate`` scores every request; ``replay`` and ``sweep`` read the routers' /metrics
+(``ttft_prediction_error_ratio``: the median from its buckets).
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("throughput_rps", "req/s", "{:.2f}"),
     ("imbalance", "imbalance", "{:.2f}"),
     ("shadow_abs_error", "shadow err", "{:.1%}"),
+    ("ttft_pred_mdape", "TTFT pred err", "{:.1%}"),
     ("pick_us_p99", "pick p99 µs", "{:.1f}"),
 )
 

@@ -11,7 +11,9 @@ Fields: ``policy``, ``index``, ``request_id``, ``session_id``, ``turn``, ``statu
 pacing can hold a turn past its recorded arrival), ``ttft_s``, ``e2e_s`` (null when
 rejected), ``input_length``, ``output_length``, ``cached_tokens`` (the worker's true hit,
 both tiers), ``estimated_tokens`` (the router's estimate at booking), ``worker`` (its index;
-a disaggregated fleet's prefill worker), plus ``cpu_cached_tokens`` with a CPU tier and
+a disaggregated fleet's prefill worker), ``predicted_ttft_s`` (the router's predicted TTFT:
+its cost model at booking plus what the request had waited before; null where none), plus
+``cpu_cached_tokens`` with a CPU tier and
 ``decode_worker`` / ``transfer_s`` in a disaggregated fleet.
 """
 
@@ -52,6 +54,8 @@ def request_lines(
             "estimated_tokens": _number(run.estimated[i]),
             "worker": int(run.worker[i]),
         }
+        if run.predicted_ttft is not None:
+            line["predicted_ttft_s"] = _number(run.predicted_ttft[i]) if ok else None
         if run.cpu_cached is not None:
             line["cpu_cached_tokens"] = int(run.cpu_cached[i])
         if run.decode_worker is not None:

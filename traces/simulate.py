@@ -28,6 +28,8 @@ import numpy as np
 
 from policies.base import Picker
 from policies.registry import PICKER_NAMES, make_picker, picker_params
+from router.cache import cost_profile
+from router.cache.cost_profile import GpuProfile
 from router.cache.worker_state import SHADOW_KINDS
 from router.config import field_rule
 from router.validation import (
@@ -249,6 +251,7 @@ def add_simulation_options(p: argparse.ArgumentParser, speedup: bool = True) -> 
     add_disaggregation_options(p)
     p.add_argument("--shadow", choices=SHADOW_KINDS, default="blocks", help="router shadow")
     add_model_options(p, "each worker's KV cache in tokens (the shadows get the same)")
+    add_cost_profile_option(p)
     p.add_argument(
         "--router-tiers",
         choices=ROUTER_TIERS,
@@ -288,6 +291,28 @@ def add_simulation_options(p: argparse.ArgumentParser, speedup: bool = True) -> 
         "(router/cache/feedback.py); auto: as the proxy, while the capacity is a guess "
         "(--shadow-capacity-tokens given)",
     )
+
+
+def add_cost_profile_option(p: argparse.ArgumentParser) -> None:
+    """``--cost-profile``: the router's TTFT cost model (serve's flag of the same name)."""
+    names = ", ".join(cost_profile.profile_names())
+    p.add_argument(
+        "--cost-profile",
+        type=_cost_profile_arg,
+        default=cost_profile.FLAT,
+        metavar="NAME|FILE",
+        help="the GPU profile the router predicts TTFT with (router/cache/cost_model.py; the "
+        f"ttft picker prices with it): one of {names}, or a profile JSON file; 'flat': the "
+        "workers' --prefill-tokens-per-s and the picker's own step costs. Independent of "
+        "--gpu-profile (the workers' true costs)",
+    )
+
+
+def _cost_profile_arg(text: str) -> GpuProfile | None:
+    try:
+        return cost_profile.resolve(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_disaggregation_options(p: argparse.ArgumentParser) -> None:
@@ -356,8 +381,20 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         flow_queue_ttl_s=getattr(args, "flow_queue_ttl_s", defaults.flow_queue_ttl_s),
         flow_queue_max=getattr(args, "flow_queue_max", defaults.flow_queue_max),
         slo_ttft_s=getattr(args, "slo_ttft_s", defaults.slo_ttft_s),
+        cost_profile=_args_cost_profile(args),
         **kv_transfer.from_args(args, defaults),
     )
+
+
+def cost_args(config: SimConfig) -> list[str]:
+    """``serve``'s flags for ``config``'s router cost profile (a live run to match it)."""
+    return ["--cost-profile", profile_arg(config.cost_profile)]
+
+
+def _args_cost_profile(args: argparse.Namespace) -> GpuProfile | None:
+    """``args.cost_profile`` as parsed (a name or file when set by hand; flat if none)."""
+    value = getattr(args, "cost_profile", cost_profile.FLAT)
+    return cost_profile.resolve(value) if isinstance(value, str) else value
 
 
 def run_and_report(
@@ -378,7 +415,8 @@ def run_and_report(
     print(
         f"{len(trace)} requests, {fleet}, shadow={config.shadow}, "
         f"KV {config.worker.kv_capacity_tokens:,} tokens/worker, GPU profile "
-        f"{profile_arg(config.worker.profile)}"
+        f"{profile_arg(config.worker.profile)}, router cost profile "
+        f"{profile_arg(config.cost_profile)}"
         + (
             f" + CPU tier {config.worker.cpu_kv_capacity_tokens:,} at "
             f"{config.worker.kv_load_gbps:g} GB/s (router tiers {config.router_tiers})"
@@ -396,6 +434,7 @@ def run_and_report(
     document["pacing"] = config.pacing
     worker = config.worker
     document["gpu_profile"] = profile_arg(worker.profile)
+    document["cost_profile"] = profile_arg(config.cost_profile)
     document["kv"] = {
         "gpu_tokens": worker.kv_capacity_tokens,
         "cpu_tokens": worker.cpu_kv_capacity_tokens,

@@ -63,6 +63,8 @@ from policies.base import Picker, RequestFeatures
 from policies.registry import make_picker, picker_params
 from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.block_lru import BlockLRU
+from router.cache.cost_model import CostTerms, WorkerCost
+from router.cache.cost_profile import GpuProfile
 from router.cache.feedback import correct_shadow
 from router.cache.kv_index import KVEventFeed, KVIndex
 from router.cache.lora import AdapterSlots, under_adapter
@@ -191,6 +193,10 @@ class SimConfig:
     # record where each missed prompt block was at admission (traces/miss_causes.py), for the
     # hit gap's split (traces/hit_gap.py); not on a disaggregated fleet
     hit_gap: bool = False
+    # the router's TTFT cost model (--cost-profile, router/cache/cost_model.py): a GPU
+    # profile's terms (the ttft picker prices with them), or None: the flat prior of the
+    # workers' configured prefill rate (the picker keeps its own flat formula)
+    cost_profile: GpuProfile | None = None
     # the workers' context length (the sim worker's --max-model-len): a request whose prompt
     # plus output exceeds it is refused, the engine's 400; None: the GPU KV capacity, to
     # which vLLM caps it (a CPU tier does not lengthen it)
@@ -226,6 +232,12 @@ class SimConfig:
     def transfer_s(self, tokens: int) -> float:
         """Seconds to move ``tokens`` prompt tokens' KV from a prefill to a decode worker."""
         return kv_transfer.seconds(self, tokens)
+
+    def cost_terms(self) -> CostTerms:
+        """The router's cost model terms: ``cost_profile``'s, else the flat prior."""
+        if self.cost_profile is not None:
+            return CostTerms.of_profile(self.cost_profile, chunk_tokens=self.worker.chunk_tokens)
+        return CostTerms.flat(self.worker.prefill_tokens_per_s)
 
 
 @dataclass
@@ -274,6 +286,10 @@ class PolicyRun:
     # requests refused as an engine refuses a prompt past its context (module docstring);
     # None: there were none
     too_long: np.ndarray | None = None
+    # the router's predicted TTFT of each request (its cost model at booking, plus what it
+    # had waited before: flow control's queue, the body's read), nan where none; None for a
+    # disaggregated fleet
+    predicted_ttft: np.ndarray | None = None
 
     def latencies(self) -> dict[str, np.ndarray]:
         """Each request's TTFT and end-to-end time, and the TPOT of those that decode."""
@@ -351,6 +367,8 @@ class PolicyRun:
         }
         if self.too_long is not None:
             summary["rejected_too_long"] = int(self.too_long.sum())
+        if self.predicted_ttft is not None:
+            summary |= prediction_error(self.predicted_ttft, self.first_token - self.arrival)
         if self.decode_worker is not None:
             summary |= self._disaggregated_summary(prompt)
         if self.cpu_cached is not None:
@@ -387,6 +405,23 @@ class PolicyRun:
         }
 
 
+def prediction_error(predicted: np.ndarray, observed: np.ndarray) -> dict[str, float | int]:
+    """The router's predicted TTFT against the observed one, over the requests that have
+    both: ``ttft_pred_mdape`` / ``ttft_pred_mape`` the median / mean of |predicted -
+    observed| / observed, ``ttft_pred_bias`` the predicted seconds over the observed ones."""
+    has = np.isfinite(predicted) & np.isfinite(observed) & (observed > 0)
+    if not has.any():
+        return {"ttft_pred_requests": 0}
+    p, o = predicted[has], observed[has]
+    error = np.abs(p - o) / o
+    return {
+        "ttft_pred_requests": int(has.sum()),
+        "ttft_pred_mdape": float(np.median(error)),
+        "ttft_pred_mape": float(error.mean()),
+        "ttft_pred_bias": float(p.sum() / o.sum()),
+    }
+
+
 def _error(estimated: np.ndarray, cached: np.ndarray, prompt: np.ndarray) -> float:
     """Mean |estimate - true| over the prompt tokens of the requests that have an estimate."""
     has = ~np.isnan(estimated)
@@ -407,6 +442,7 @@ def make_worker_states(
     blocks = capacity // BLOCK_TOKENS
     worker = config.worker
     tiered = worker.cpu_kv_capacity_tokens > 0 and config.router_tiers == "on"
+    terms = config.cost_terms()
     return [
         WorkerState(
             name=f"{prefix}-{i}",
@@ -415,6 +451,7 @@ def make_worker_states(
             shadow=config.shadow,
             radix_token_weight=BLOCK_TOKENS // KEY_TOKENS,
             rate=PrefillRate(worker.prefill_tokens_per_s),
+            cost=WorkerCost(terms),
             adapters=AdapterSlots(worker.max_loras),
             cpu=BlockLRU(worker.cpu_capacity_blocks, BLOCK_TOKENS) if tiered else None,
             kv_load_s_per_token=worker.load_s(1) if worker.cpu_kv_capacity_tokens else 0.0,
@@ -577,6 +614,8 @@ def simulate(
         expected = 1 if disagg is not None else req.output_length
         booking = state.book(features, expected_output_tokens=expected, now=arrival)
         bookings[i] = booking
+        if disagg is None and booking.cost_entry is not None:
+            predicted[i] = arrival - sent_at[i] + booking.cost_entry.predicted_s
         # the active GPU estimate (the KV index's when it answered), split by tier
         out["estimated"][i] = booking.gpu_estimate + booking.cpu_estimate
         cpu_estimated[i] = cpu = booking.cpu_estimate  # each shadow's, with the CPU tier's
@@ -654,6 +693,7 @@ def simulate(
     est_blocks = np.zeros(n)
     est_radix = np.full(n, np.nan)
     est_kv = np.full(n, np.nan)
+    predicted = np.full(n, np.nan)
     started = time.perf_counter()
     ingest = None
     if config.ingest_bytes_per_s > 0:
@@ -782,6 +822,8 @@ def simulate(
         run.cpu_cached, run.cpu_estimated = cpu_cached, cpu_estimated
     if too_long.any():
         run.too_long = too_long
+    if disagg is None:
+        run.predicted_ttft = predicted
     if flow is not None or too_long.any() or any(r.priority or r.tenant is not None for r in trace):
         run.rejected = rejected
         run.priority = np.array([r.priority for r in trace], dtype=np.int64)

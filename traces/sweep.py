@@ -105,6 +105,58 @@ def router_shadow_errors(url: str) -> dict[str, float]:
     return out
 
 
+PREDICTION = "cache_router_ttft_prediction_error_ratio"
+
+
+def router_prediction_errors(url: str) -> dict[str, float]:
+    """The router's TTFT prediction against the observed TTFT (its cost model,
+    ``cache_router_ttft_prediction_error_ratio`` and the seconds' sums, all workers), by
+    simulate's names: ``ttft_pred_requests``, ``ttft_pred_mdape`` (the median, from the
+    histogram's buckets), ``ttft_pred_mape``, ``ttft_pred_bias`` (empty if unreadable)."""
+    try:
+        samples = scrape(url)
+    except httpx.HTTPError:
+        return {}
+    buckets: dict[float, float] = {}
+    sums = {"count": 0.0, "sum": 0.0, "predicted": 0.0, "observed": 0.0}
+    names = {
+        PREDICTION + "_count": "count",
+        PREDICTION + "_sum": "sum",
+        "cache_router_ttft_predicted_seconds_total": "predicted",
+        "cache_router_ttft_observed_seconds_total": "observed",
+    }
+    for sample in samples:
+        if sample.name == PREDICTION + "_bucket":
+            le = float(sample.labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + sample.value
+        elif sample.name in names:
+            sums[names[sample.name]] += sample.value
+    count = sums["count"]
+    if not count:
+        return {"ttft_pred_requests": 0}
+    return {
+        "ttft_pred_requests": int(count),
+        "ttft_pred_mdape": bucket_median(buckets, count),
+        "ttft_pred_mape": sums["sum"] / count,
+        "ttft_pred_bias": sums["predicted"] / sums["observed"] if sums["observed"] else 0.0,
+    }
+
+
+def bucket_median(buckets: dict[float, float], count: float) -> float:
+    """The median of a histogram's cumulative ``buckets`` (upper bound -> count), linear
+    within the bucket it falls in (the last finite bound when it falls past them all)."""
+    half, lower, below = count / 2.0, 0.0, 0.0
+    for le in sorted(buckets):
+        cumulative = buckets[le]
+        if cumulative >= half:
+            if le == float("inf"):
+                return lower
+            inside = cumulative - below
+            return lower + (le - lower) * ((half - below) / inside if inside else 1.0)
+        lower, below = le, cumulative
+    return lower
+
+
 def _kv_states(url: str, timeout: float) -> list[dict]:
     """Each worker's ``kv_events`` entry in the router's ``GET /workers`` ({} where none)."""
     return [w.get("kv_events") or {} for w in httpx.get(f"{url}/workers", timeout=timeout).json()]
@@ -129,12 +181,14 @@ def outcome_document(trace_info: dict, outcomes: Sequence[ReplayOutcome], worker
                      wall: float, time_scale: float,
                      shadows: dict[str, dict[str, float]] | None = None,
                      active: str = "blocks",
-                     lags: dict[str, dict[str, float]] | None = None) -> dict:  # fmt: skip
+                     lags: dict[str, dict[str, float]] | None = None,
+                     predictions: dict[str, dict[str, float]] | None = None) -> dict:  # fmt: skip
     """results.json for live runs: ``hit_rate`` is the workers' own metric; ``shadows``:
     each policy's router-measured shadow errors (:func:`router_shadow_errors`); ``lags``: its
     KV-event lags (:func:`router_kv_event_lags`), written in modelled seconds
     (``kv_event_lag_p50_s``, ``_max_s``: real ones times ``time_scale``), to set beside
-    ``simulate --kv-event-delay-ms``."""
+    ``simulate --kv-event-delay-ms``; ``predictions``: its TTFT prediction error
+    (:func:`router_prediction_errors`)."""
     document = results_document(trace_info, workers, wall, [o.run for o in outcomes])
     document["time_scale"] = time_scale
     for outcome in outcomes:
@@ -153,6 +207,7 @@ def outcome_document(trace_info: dict, outcomes: Sequence[ReplayOutcome], worker
         entry["shadow_abs_error"] = errors.get("kv", errors.get(active))
         for key, value in (lags or {}).get(outcome.run.name, {}).items():
             entry[f"kv_event_lag_{key}_s"] = value * time_scale
+        entry |= (predictions or {}).get(outcome.run.name, {})
     return document
 
 
@@ -197,9 +252,10 @@ def _replay_main(args: argparse.Namespace) -> int:
     cfg = _replay_config(args, args.url, args.salt, args.worker_metrics or ())
     started = time.perf_counter()
     outcome = asyncio.run(replay(trace, cfg, args.name))
+    predictions = {outcome.run.name: router_prediction_errors(args.url)}
     document = outcome_document(
         trace_summary(args.trace, trace), [outcome], len(outcome.workers),
-        time.perf_counter() - started, 1.0,
+        time.perf_counter() - started, 1.0, predictions=predictions,
     )  # fmt: skip
     document["pacing"] = args.pacing
     report_outcomes(document, [outcome], Path(args.out))
@@ -216,6 +272,7 @@ def run_sweep(
     outcomes: list[ReplayOutcome] = []
     shadows: dict[str, dict[str, float]] = {}
     lags: dict[str, dict[str, float]] = {}
+    predictions: dict[str, dict[str, float]] = {}
     started = time.perf_counter()
     profile = ["--gpu-profile", profile_arg(args.gpu_profile)]  # --sim-worker-args may override
     sim_args = ["--time-scale", str(time_scale), *profile, *shlex.split(args.sim_worker_args)]
@@ -243,6 +300,7 @@ def run_sweep(
                 cfg = _replay_config(args, svc.url, salt, workers)
                 outcome = asyncio.run(replay(policy_trace, cfg, policy))
                 shadows[policy] = router_shadow_errors(svc.url)
+                predictions[policy] = router_prediction_errors(svc.url)
                 if kv_events is not None:
                     lags[policy] = router_kv_event_lags(svc.url)
             outcomes.append(scaled(outcome, time_scale))
@@ -250,7 +308,7 @@ def run_sweep(
     active = "radix" if "radix" in _option(extra_router, "--shadow") else "blocks"
     document = outcome_document(
         trace_summary(args.trace, trace), outcomes, len(workers), wall, time_scale,
-        shadows, active, lags,
+        shadows, active, lags, predictions,
     )  # fmt: skip
     document["pacing"] = args.pacing
     return document, outcomes

@@ -1,7 +1,7 @@
-"""Fit a GPU cost profile (traces/gpu_profile.py) to a calibration run (gpu_calib.py).
+"""Fit a GPU cost profile (router/cache/cost_profile.py) to a calibration run (gpu_calib.py).
 
     python bench/gpu/fit_profile.py bench/gpu/data/h200_llama8b.json --name h200-llama8b \
-        --out traces/profiles/h200-llama8b.json [--tensor-parallel 4]
+        --out router/cache/profiles/h200-llama8b.json [--tensor-parallel 4]
 
 - prefill: non-negative least squares of ``a*s + c*(s*p + s**2/2) + d`` over the chunk rows
   (``prefix > 0``: engines chunk long prompts, and a single forward over a whole 64k-128k
@@ -23,7 +23,7 @@ what NCCL reaches on NVLink 4; each all-reduce also ``--allreduce-latency-us``, 
 step); a load runs over N host links at once, each with its GPU's 1/N of the KV.
 
 The profile keeps the measured points, the fitted terms and the fit's residuals; it is read
-back with traces/gpu_profile.py before it is written.
+back with router/cache/cost_profile.py before it is written.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from traces.gpu_profile import from_dict  # noqa: E402
+from router.cache.cost_profile import from_dict  # noqa: E402
 from traces.record import BLOCK_TOKENS  # noqa: E402
 
 BF16 = 2
@@ -204,7 +204,7 @@ def build(calib: dict, args: argparse.Namespace) -> dict:
             f"derived from the one-GPU measurement with tensor parallelism {n} (see "
             "tensor_parallel_assumption); fit and measured are the one-GPU run's"
         )
-    from_dict(json.loads(json.dumps(profile)), args.name)  # as traces/gpu_profile.py reads it
+    from_dict(json.loads(json.dumps(profile)), args.name)  # as cost_profile.py reads it
     return profile
 
 

@@ -41,6 +41,7 @@ class BenchWorker:
 
     __slots__ = (
         "blocks",
+        "cost",
         "footprint",
         "healthy",
         "kv_capacity_tokens",
@@ -59,6 +60,7 @@ class BenchWorker:
         self.ongoing_decode_tokens = 256 * num_requests
         self.kv_capacity_tokens = lru.capacity_blocks * lru.block_size
         self.rate = PrefillRate()
+        self.cost = None  # no cost model: ttft prices flat
         self.footprint = SessionFootprint()
         for k in range(64):  # 64 warm sessions of 128k tokens: twice the KV capacity
             self.footprint.touch(f"other-{k}", 131_072, now=float(k))

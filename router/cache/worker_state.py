@@ -27,6 +27,7 @@ from typing import Literal
 
 from router.cache.block_hash import TextBytes
 from router.cache.block_lru import BlockLRU
+from router.cache.cost_model import CostEntry, WorkerCost
 from router.cache.features import RequestFeatures
 from router.cache.kv_index import KVIndex
 from router.cache.lora import AdapterSlots
@@ -91,6 +92,10 @@ class WorkerState:
     rate: PrefillRate = field(default_factory=PrefillRate)
     footprint: SessionFootprint = field(default_factory=SessionFootprint)
     adapters: AdapterSlots = field(default_factory=AdapterSlots)  # its LoRA slots, as booked
+    # the TTFT cost model (router/cache/cost_model.py): its queue and decode batch as booked,
+    # its correction learned from reports, its prediction error; the ttft picker prices with
+    # it when its terms come from a GPU profile
+    cost: WorkerCost = field(default_factory=WorkerCost)
     # bookings whose prefill is pending, oldest first (a release drops the released ones at
     # the head, so the head is always pending), and when the last first token came (the next
     # one's prefill began then at the latest)
@@ -316,6 +321,13 @@ class WorkerState:
             gpu_estimate=min(hit, request.input_length),
             prefill_end=self.prefill_stream,
         )
+        booking.cost_entry = self.cost.book(
+            new_prefill,
+            request.input_length - new_prefill,
+            request.input_length,
+            expected_output_tokens,
+            now,
+        )
         if new_prefill:
             self.prefill_queue.append(booking)
         return booking
@@ -366,6 +378,7 @@ class Booking:
     cpu_estimate: int = 0  # tokens the CPU tier's shadow expected the worker to load
     gpu_estimate: int = 0  # the GPU hit that priced it (the active estimate, split by tier)
     prefill_end: int = 0  # where its prefill ends in the worker's busy period (prefill_stream)
+    cost_entry: CostEntry | None = None  # the cost model's count of it (its prediction)
 
     def insert_radix(self) -> None:
         """The radix insert :meth:`WorkerState.book` left for later (once; no-op otherwise):
@@ -390,6 +403,8 @@ class Booking:
             self.first_token_at = time.monotonic() if now is None else now
             self.worker.prefill_since = self.first_token_at  # the next one's began
             self._release_prefill()
+            if self.cost_entry is not None:
+                self.worker.cost.first_token(self.cost_entry, self.first_token_at)
 
     def _release_prefill(self) -> None:
         if not self.prefill_released:
@@ -418,6 +433,8 @@ class Booking:
             worker.kv_index.unpin(self.kv_keys)
         if self.adapter is not None:
             worker.adapters.release(self.adapter)
+        if self.cost_entry is not None:
+            worker.cost.finish(self.cost_entry)
         return True
 
     def report_cached(self, cached_tokens: int, cpu_cached_tokens: int | None = None) -> None:
@@ -455,13 +472,12 @@ class Booking:
             acc.cpu_estimate_tokens += cpu
             acc.cpu_abs_error_tokens += abs(cpu - cpu_cached_tokens)
             acc.gpu_abs_error_tokens += abs(gpu_estimate - (cached_tokens - cpu_cached_tokens))
-        if (
-            self.ttft_valid
-            and self.first_token_at is not None
-            and not self.queued_ahead
-            and not cpu
-            and not cpu_cached_tokens
-        ):
+        clean = self.ttft_valid and self.first_token_at is not None
+        if clean and not cpu and not cpu_cached_tokens and self.cost_entry is not None:
+            # the prediction it was booked on had the queue ahead in it: every streamed
+            # answer scores it (a load from the CPU tier is not in it)
+            self.worker.cost.observe(self.cost_entry, self.first_token_at - self.booked_at)
+        if clean and not self.queued_ahead and not cpu and not cpu_cached_tokens:
             # a clean sample: nothing was queued ahead, so the wait was this request's own
             # uncached prefill (a queue's partly done prefill would read as a faster worker;
             # a load from the CPU tier is not prefill)

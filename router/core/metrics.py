@@ -61,7 +61,12 @@ Metrics (labels):
   ``shadow="cpu_tier"`` (the CPU tier's shadow against the tokens the worker says it loaded)
   and ``shadow="gpu_tier"`` (the active GPU estimate against the rest), ``shadow_error_ratio``
   for both, over the reports that split their cached tokens by tier (the sim worker's);
-  ``worker_cpu_shadow_blocks``, ``worker_cpu_shadow_capacity_blocks`` (worker) gauges.
+  ``worker_cpu_shadow_blocks``, ``worker_cpu_shadow_capacity_blocks`` (worker) gauges;
+- the TTFT cost model (:mod:`router.cache.cost_model`, ``--cost-profile``), over streamed
+  answers: ``ttft_prediction_error_ratio`` (worker), a histogram of |predicted - observed| /
+  observed TTFT (the prediction made at booking, the queue ahead in it);
+  ``ttft_predicted_seconds_total`` and ``ttft_observed_seconds_total`` (worker), their sums;
+  ``worker_cost_correction`` (worker), the factor learned from them.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from router.cache.cost_model import ERROR_BOUNDS
 from router.fleet.pool import WorkerPool
 from router.fleet.stats import SyncStats
 
@@ -342,6 +348,22 @@ class PoolCollector(Collector):
         radix_capacity = gauge("worker_radix_capacity_tokens", "Radix shadow capacity (corrected)")
         cpu_blocks = gauge("worker_cpu_shadow_blocks", "Blocks in the CPU tier's shadow")
         cpu_capacity = gauge("worker_cpu_shadow_capacity_blocks", "CPU tier shadow capacity")
+        prediction_error = HistogramMetricFamily(
+            PREFIX + "ttft_prediction_error_ratio",
+            "|predicted - observed| / observed time to first token of streamed answers "
+            "(the cost model's prediction at booking)",
+            labels=["worker"],
+        )
+        predicted_s = counter(
+            "ttft_predicted_seconds", "Predicted TTFT of the scored answers, summed", ["worker"]
+        )
+        observed_s = counter(
+            "ttft_observed_seconds", "Observed TTFT of the scored answers, summed", ["worker"]
+        )
+        correction = gauge(
+            "worker_cost_correction", "The cost model's learned factor (observed / predicted)"
+        )
+        error_les = [floatToGoString(b) for b in ERROR_BOUNDS] + ["+Inf"]
 
         for w in workers:
             url, state, stats = w.url, w.state, w.stats
@@ -384,6 +406,16 @@ class PoolCollector(Collector):
             shadow_blocks.add_metric([url], len(state.blocks))
             pinned.add_metric([url], state.blocks.pinned_blocks)
             capacity.add_metric([url], state.blocks.capacity_blocks)
+            cost = state.cost
+            errors = cost.errors
+            cumulative, total = [], 0
+            for le, n in zip(error_les, errors.buckets, strict=True):
+                total += n
+                cumulative.append((le, total))
+            prediction_error.add_metric([url], cumulative, errors.abs_error_sum)
+            predicted_s.add_metric([url], errors.predicted_s)
+            observed_s.add_metric([url], errors.observed_s)
+            correction.add_metric([url], cost.factor)
         yield from (
             requests,
             endpoints,
@@ -418,6 +450,10 @@ class PoolCollector(Collector):
             disaggregated,
             role,
             held,
+            prediction_error,
+            predicted_s,
+            observed_s,
+            correction,
         )
         yield from truth_metrics(workers)
         yield from model_metrics(pool, workers)

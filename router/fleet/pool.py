@@ -37,6 +37,7 @@ from typing import Any
 from policies.base import NoHealthyWorker, Pick, RequestFeatures
 from policies.registry import make_picker
 from router.cache.block_lru import BlockLRU
+from router.cache.cost_model import WorkerCost
 from router.cache.feedback import reset_shadow
 from router.cache.kv_index import KVIndex
 from router.cache.radix_tree import RadixTree
@@ -204,6 +205,7 @@ class WorkerPool:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.cost_terms = settings.cost_terms()  # the TTFT cost model's, every worker's prior
         self.workers: list[Worker] = []
         self.states: list[WorkerState] = []
         self.stats = PoolStats()
@@ -253,6 +255,7 @@ class WorkerPool:
             shadow=s.shadow,
             kv_index=KVIndex() if s.kv_events else None,
             rate=PrefillRate(s.prefill_tokens_per_s),
+            cost=WorkerCost(self.cost_terms),
         )
         cpu_tokens = s.cpu_capacity_for(url)
         self._size_cpu_tier(state, cpu_tokens)

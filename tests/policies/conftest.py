@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from policies.base import RequestFeatures
+from router.cache.cost_model import WorkerCost
 
 BLOCK = 512
 
@@ -25,6 +26,7 @@ class FakeWorker:
     estimate_calls: int = 0
     held_tokens: int = 0
     kv_capacity_tokens: int = 1 << 20
+    cost: WorkerCost | None = None
 
     def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
         self.estimate_calls += 1

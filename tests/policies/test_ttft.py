@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.base import NoHealthyWorker
+from policies.base import NoHealthyWorker, RequestFeatures
 from policies.lmetric import LMetricPicker
 from policies.ttft import TTFTPicker
 from router.cache.block_lru import BlockLRU
@@ -477,3 +477,28 @@ def test_as_shipped_a_small_request_avoids_the_queue_whose_last_step_it_would_fi
     costs = picker.costs(small, [mid, whole], [0, 0])
     assert costs[0] - 3 * 1024 / RATE < costs[1] < costs[0]  # fill_i alone decides it
     assert picker.pick(small, [mid, whole]).worker == 1
+
+
+def test_with_a_gpu_profile_ttft_prices_the_attention_over_a_queued_prefix():
+    from router.cache.cost_model import CostTerms, WorkerCost
+    from router.cache.cost_profile import resolve
+
+    def fleet(terms: CostTerms | None) -> list[WorkerState]:
+        states = [WorkerState(f"w{i}", BlockLRU(1024, 512), cost=WorkerCost(terms)) for i in (0, 1)]
+        # worker 0 prefills 8k new tokens after 120k cached (attention-heavy); worker 1 a
+        # cold 24k-token prompt: the flat rate reads worker 0's queue 2.7x shorter, the
+        # H100 profile 1.6x longer (0.21 s of tokens + 1.6 s of attention against 1.07 s)
+        long_prompt = list(range(1000, 1000 + 250))  # 128,000 tokens
+        states[0].blocks.insert(long_prompt[:234])  # 119,808 tokens cached
+        states[0].book(RequestFeatures(long_prompt, 128_000), 100, now=0.0)
+        states[1].book(RequestFeatures(list(range(5000, 5048)), 24_576), 100, now=0.0)
+        return states
+
+    request = RequestFeatures([9, 10], 1024)
+    flat, priced = fleet(None), fleet(CostTerms.of_profile(resolve("h100-llama8b")))
+    assert [s.pending_prefill_tokens for s in flat] == [8192, 24_576]
+    assert TTFTPicker().pick(request, flat).worker == 0
+    costs = TTFTPicker().costs(request, priced, [0, 0])
+    assert costs[0] == pytest.approx(priced[0].cost.ttft_s(1024, 0, 0.0), rel=0.01)
+    assert costs[0] > 1.5 * costs[1]
+    assert TTFTPicker().pick(request, priced).worker == 1

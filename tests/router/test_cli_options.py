@@ -255,3 +255,21 @@ def test_a_commands_own_checks_are_one_line_exit_2(tmp_path, capsys) -> None:
         "cache-router capacity: error: argument --slo: bad SLO 'ttft_p90=1e400': seconds must "
         "be a finite number, not inf\n"
     )
+
+
+def test_an_unknown_cost_profile_is_one_line_exit_2(tmp_path, capsys) -> None:
+    """``--cost-profile``: a shipped name or a profile file; anything else is refused by
+    serve (its settings) and simulate (its parser) alike, naming what would do."""
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    for value, why in (("h300", "unknown GPU profile 'h300'"), (str(broken), "cannot read")):
+        assert main(["serve", "--cost-profile", value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cache-router serve: error: ") and err.count("\n") == 1, err
+        assert why in err, err
+        with pytest.raises(SystemExit) as exc:
+            main(["simulate", "--trace", str(broken), "--cost-profile", value])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cache-router simulate: error: argument --cost-profile: ")
+        assert why in err and err.count("\n") == 1, err

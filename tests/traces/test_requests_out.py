@@ -18,7 +18,7 @@ from traces.simulator import SimConfig, simulate
 
 FIELDS = {"policy", "index", "request_id", "session_id", "turn", "status", "arrival_s", "ttft_s",
           "e2e_s", "input_length", "output_length", "cached_tokens", "estimated_tokens",
-          "worker"}  # fmt: skip
+          "worker", "predicted_ttft_s"}  # fmt: skip
 
 
 def test_every_request_of_every_policy(tmp_path: Path, data: Path) -> None:
@@ -62,3 +62,33 @@ def test_a_rejected_request_has_no_ttft(data: Path) -> None:
     assert [x["index"] for x in lines] == [10, 11, 12, 13, 14]
     assert lines[1]["status"] == "rejected" and lines[1]["ttft_s"] is None
     assert lines[0]["status"] == "ok" and lines[0]["ttft_s"] > 0
+
+
+@pytest.mark.parametrize("gpu", ["h100-llama8b", "h200-llama8b"])
+def test_the_routers_prediction_of_a_prompt_extending_a_cached_one(gpu: str) -> None:
+    """With the workers' own profile, the router predicts what the worker model takes for
+    the second of a pair (p cached tokens, s new ones), every point; flat, it misses."""
+    from router.cache.cost_profile import resolve
+    from traces.record import TraceRequest
+    from traces.worker_model import WorkerModelConfig
+
+    trace, arrival = [], 0.0
+    for k, (p, s) in enumerate([(16_384, 2048), (65_536, 4096), (131_072, 2048), (8192, 8192)]):
+        blocks = tuple(range(k * 1000, k * 1000 + (p + s) // 512))
+        trace.append(TraceRequest(arrival, f"s{k}", 0, p, 1, blocks[: p // 512]))
+        trace.append(TraceRequest(arrival + 30.0, f"s{k}", 1, p + s, 1, blocks))
+        arrival += 60.0
+    profile = resolve(gpu)
+    worker = WorkerModelConfig(profile=profile)
+    for router, within in ((profile, 0.02), (None, None)):
+        config = SimConfig(workers=1, worker=worker, cost_profile=router)
+        run = simulate(trace, make_sim_picker("ttft"), config, "ttft")
+        ttft = run.first_token - run.arrival
+        error = np.abs(run.predicted_ttft - ttft) / ttft
+        summary = run.summary()
+        assert summary["ttft_pred_requests"] == len(trace)
+        assert summary["ttft_pred_mdape"] == pytest.approx(float(np.median(error)))
+        if within is not None:
+            assert error.max() < within
+        else:  # the flat prior: 2k new tokens after 128k cached read under half the time
+            assert error[5] > 0.5

@@ -114,7 +114,9 @@ def test_a_router_in_front_of_time_scaled_workers_prices_in_their_seconds():
     from traces.fleet import time_scaled_router_args
 
     assert time_scaled_router_args("ttft", 1.0) == []
-    assert time_scaled_router_args("unified", 20.0) == ["--prefill-tokens-per-s", "300000.0"]
+    assert time_scaled_router_args("unified", 20.0) == [
+        "--prefill-tokens-per-s", "300000.0", "--cost-time-scale", "20.0"
+    ]  # fmt: skip
     args = build_parser().parse_args(
         ["serve", "--worker", "http://127.0.0.1:1", *time_scaled_router_args("ttft", 20.0)]
     )
@@ -151,3 +153,12 @@ def test_sweep_names_an_unreachable_worker(tmp_path: Path, capsys) -> None:
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"cache-router sweep: error: worker {url} is unreachable: "), last
+
+
+def test_the_median_of_a_histograms_buckets():
+    from traces.sweep import bucket_median
+
+    inf = float("inf")
+    # 10 observations: 4 at most 0.01, 8 at most 0.05, all at most 0.1
+    assert bucket_median({0.01: 4, 0.05: 8, 0.1: 10, inf: 10}, 10) == pytest.approx(0.02)
+    assert bucket_median({0.01: 0, 2.0: 1, inf: 5}, 5) == 2.0  # past the last bound
