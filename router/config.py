@@ -419,13 +419,14 @@ class Settings(BaseSettings):
         0.008,
         description="flow control: an engine step's decode cost, fixed part, which each step "
         "of a worker's queued prefill carries (router/core/flow_queue.py StepCost; default: "
-        "measured on an H100, 8B model)",
+        "measured on an H100, 8B model; with a --cost-profile other than flat, the "
+        "profile's cost model prices it instead)",
     )
     flow_decode_token_s: SecondsOrOff = Field(
         4.3e-8,
         description="flow control: an engine step's decode cost per context token the "
         "worker holds (booked prompts and expected output; default: measured on an H100, "
-        "8B model)",
+        "8B model; unused with a --cost-profile other than flat)",
     )
     metrics_require_key: bool = Field(
         False,

@@ -31,8 +31,10 @@ Every observation is also scored (:class:`PredictionErrors`: the absolute error 
 fraction of the observed TTFT), which ``/metrics`` exports and the simulator reports.
 
 Pure: no I/O, no clock; the caller passes ``now`` (the proxy's monotonic clock, the
-simulator's virtual time). Flow control's saturation test can read the same prediction
-for a request: ``worker_state.cost.ttft_s(uncached, cached, now)``.
+simulator's virtual time). Flow control's saturation test reads the same prediction for a
+request when the terms come from a profile (:func:`router.core.flow_queue.predicted_ttft`:
+``worker_state.cost.ttft_s(uncached, cached, now)``); with the flat prior it prices its own
+terms (the learned rate, the decode by held context) through :meth:`CostTerms.ttft_s` too.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class CostTerms:
             profile.name,
         )
 
-    def ttft_s(self, tokens: float, pairs: float, running: int, context: int) -> float:
+    def ttft_s(self, tokens: float, pairs: float, running: int, context: float) -> float:
         """``tokens`` of prefill (``pairs`` query-key pairs) in chunked steps beside a decode
         batch of ``running`` sequences holding ``context`` tokens."""
         steps = tokens / self.chunk_tokens + 1.0
@@ -123,6 +125,10 @@ class CostTerms:
         floor = self.decode_base * steps if running else 0.0
         decode = self.per_sequence * running + self.per_context_token * context
         return (prefill if prefill > floor else floor) + steps * decode
+
+    def decode_step_s(self, running: int, context: float) -> float:
+        """One decode step of a batch of ``running`` sequences holding ``context`` tokens."""
+        return self.decode_base + self.per_sequence * running + self.per_context_token * context
 
 
 def pairs_of(new: int, cached: int) -> float:
@@ -229,6 +235,13 @@ class WorkerCost:
         (the one in progress) has had since it began, when ``now`` is given; with the
         learned correction, or at the terms as they are (``corrected=False``)."""
         return self._predict(uncached, cached, now, self.factor if corrected else 1.0)[0]
+
+    def alone_s(self, uncached: int, cached: int, corrected: bool = True) -> float:
+        """The request's own prefill on this worker with nothing queued ahead of it (the
+        decode batch as booked still rides along): what :meth:`ttft_s` predicts once the
+        worker's queue has drained."""
+        base = self.terms.ttft_s(uncached, pairs_of(uncached, cached), self.running, self.context)
+        return self.factor * base if corrected else base
 
     def _predict(
         self, uncached: int, cached: int, now: float | None, factor: float

@@ -20,10 +20,11 @@ No clock, no event loop, no I/O: every time is passed in, so ``serve``, the endp
   the band's TTL, which is first come first served among them). Limits per band: queued
   requests, bytes, TTL.
 - :func:`predicted_ttft`: the router's own model of the fleet: the best worker's predicted
-  time to first token for the request (its prefill queue and the request's own uncached
-  prefill, at the worker's learned rate, plus the decode every engine step of that prefill
-  carries, :class:`StepCost`), and how much of the request's own prefill alone that is;
-  :func:`saturated` compares it with the target.
+  time to first token for the request (with a GPU cost profile, the worker's cost model,
+  the one the ttft picker prices with; else its prefill queue and the request's own
+  uncached prefill at the worker's learned rate, plus the decode every engine step of that
+  prefill carries, :class:`StepCost`), and how much of the request's own prefill alone that
+  is; :func:`saturated` compares it with the target.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import Any
 
 from policies.base import RequestFeatures
 from policies.hits import UNHEALTHY, estimate_tier_hits
+from router.cache.cost_model import CostTerms
+from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S
 
 PRIORITY_HEADER = "x-priority"
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
@@ -323,28 +326,28 @@ DECODE_TOKEN_S = 4.3e-8  # ... and per context token in the batch (measured: 42.
 
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """What an engine step of a worker costs beside its prefill: the decode of every running
-    sequence rides along with each chunk, ``step_s + token_s * context`` (``context``: the
-    tokens the batch attends to), so a worker holding long contexts prefills its queue
-    slower than its rate alone says. Defaults: the H100 8B profile's decode fit
-    (traces/profiles/h100-llama8b.json); ``serve --flow-decode-step-s`` and
-    ``--flow-decode-token-s`` set them."""
+    """What an engine step of a worker costs beside its prefill when the router has no GPU
+    profile (``--cost-profile flat``): the decode of every running sequence rides along with
+    each chunk, ``step_s + token_s * context`` (``context``: the tokens the batch attends
+    to), so a worker holding long contexts prefills its queue slower than its rate alone
+    says. Defaults: the H100 8B profile's decode fit (router/cache/profiles/h100-llama8b.json);
+    ``serve --flow-decode-step-s`` and ``--flow-decode-token-s`` set them. Priced through
+    the cost model's arithmetic (:meth:`terms`), not a copy of it."""
 
     step_s: float = DECODE_STEP_S
     token_s: float = DECODE_TOKEN_S
     chunk_tokens: int = CHUNK_TOKENS
 
-    def step(self, context_tokens: float) -> float:
-        """One engine step's decode with ``context_tokens`` in the batch."""
-        return self.step_s + self.token_s * max(context_tokens, 0)
-
-    def steps(self, prefill_tokens: float) -> float:
-        """The engine steps ``prefill_tokens`` of queued prefill take (chunked, plus the step
-        that yields the first token)."""
-        return max(prefill_tokens, 0) / self.chunk_tokens + 1.0
+    def terms(self, rate: float) -> CostTerms:
+        """These costs as the cost model's terms, with prefill at ``rate`` tokens/s: each
+        step ``step_s`` plus ``token_s`` per context token passed as ``context`` (no
+        attention term, no per-sequence term)."""
+        step, token = self.step_s, self.token_s
+        return CostTerms(1.0 / rate, 0.0, step, step, token, 0.0, self.chunk_tokens)
 
 
 STEP_COST = StepCost()
+FLAT_TERMS = STEP_COST.terms(DEFAULT_PREFILL_TOKENS_PER_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,14 +367,22 @@ def predicted_ttft(
     kv_limit: float = 0.0,
     cost: StepCost = STEP_COST,
 ) -> Prediction:
-    """The least predicted TTFT over the healthy workers in ``views``, each
-    :func:`worker_ttft`: the prefill queued there (what is left of it at ``now``, when the
-    view can tell) plus the request's own uncached prefill, at the worker's learned rate
-    (``default_rate`` for views without one), plus the decode of the sequences it holds,
-    which every engine step of that prefill carries (``cost``), plus the load of what it
-    finds in the worker's CPU KV tier (as the ttft picker prices it). Without the decode, a
-    fleet of long running sequences read as idle while each step took several times its
-    prefill (issue 52: every request dispatched, the workers' TTFT p90 at 43 s).
+    """The least predicted TTFT over the healthy workers in ``views``, plus the load of what
+    the request finds in a worker's CPU KV tier (as the ttft picker prices it) and the wait
+    for KV room where the worker's is full (:func:`memory_wait`). Each worker's TTFT:
+
+    - its cost model's, when its terms come from a GPU profile (``--cost-profile``): the
+      same prediction the ttft picker prices with, ``view.cost.ttft_s(uncached, cached,
+      now)`` with its learned correction: the queue as booked, each booking's attention over
+      its cached prefix, the request's own (``cached``: its GPU and CPU-tier hit), the decode
+      batch by context;
+    - otherwise :func:`worker_ttft`: the prefill queued there (what is left of it at
+      ``now``, when the view can tell) plus the request's own uncached prefill at the
+      worker's learned rate (``default_rate`` for views without one), plus the decode of the
+      tokens it holds, which every engine step of that prefill carries (``cost``). Without
+      the decode, a fleet of long running sequences read as idle while each step took
+      several times its prefill (issue 52: every request dispatched, the workers' TTFT p90
+      at 43 s).
 
     A pure function of the workers' state, the one place flow control (``serve``, the
     endpoint picker and the simulator) predicts a TTFT. ``own_s``: the least of the
@@ -380,8 +391,8 @@ def predicted_ttft(
     running sequence could last as long as they run). ``kv_limit`` > 0: a worker whose booked KV
     plus the prompt passes that fraction of its capacity is full; ``kv_full`` when every
     one is. A worker with nothing booked is never full: a prompt above the limit's share of
-    every worker's KV goes once some worker can take it alone (the worker then answers it,
-    as it would without the router), instead of waiting out its TTL and its band behind it.
+    every worker's KV goes once some worker can take it alone (the worker answers it, as
+    it would without the router), instead of waiting out its TTL and its band behind it.
     Raises :class:`~policies.base.NoHealthyWorker` when none is healthy."""
     hits, loads, _ = estimate_tier_hits(features, views)
     length = features.input_length
@@ -390,18 +401,23 @@ def predicted_ttft(
     for i, (view, hit) in enumerate(zip(views, hits, strict=True)):
         if hit == UNHEALTHY:
             continue
-        rate_of = getattr(view, "rate", None)
-        rate = rate_of.tokens_per_s if rate_of is not None else default_rate
-        if rate <= 0:
-            rate = default_rate
-        left = getattr(view, "prefill_left", None)
-        pending = left(now) if left is not None and now is not None else None
-        if pending is None:
-            pending = view.pending_prefill_tokens
         uncached = length - hit if length > hit else 0
-        alone = worker_ttft(0, uncached, rate, view, cost)
-        ttft = worker_ttft(pending, uncached, rate, view, cost)
-        ttft += memory_wait(uncached, view, cost) + (loads[i] if loads else 0.0)
+        model = view.cost
+        if model is not None and model.profiled:  # the router's cost model: one predictor
+            terms = model.terms
+            alone = model.alone_s(uncached, length - uncached)
+            ttft = model.ttft_s(uncached, length - uncached, now)
+        else:
+            rate_of = getattr(view, "rate", None)
+            rate = rate_of.tokens_per_s if rate_of is not None else default_rate
+            terms = cost.terms(rate if rate > 0 else default_rate)
+            left = getattr(view, "prefill_left", None)
+            pending = left(now) if left is not None and now is not None else None
+            if pending is None:
+                pending = view.pending_prefill_tokens
+            alone = worker_ttft(0, uncached, terms, view)
+            ttft = worker_ttft(pending, uncached, terms, view)
+        ttft += memory_wait(uncached, view, terms) + (loads[i] if loads else 0.0)
         if ttft < best:
             best = ttft
         if alone < own:
@@ -414,30 +430,25 @@ def predicted_ttft(
     return Prediction(best, own, kv_limit > 0 and full)
 
 
-def worker_ttft(
-    pending: float,
-    uncached: float,
-    rate: float,
-    view: Any = None,
-    cost: StepCost = STEP_COST,
-) -> float:
-    """One worker's predicted TTFT for ``uncached`` new prompt tokens behind ``pending``
-    queued ones: their prefill at ``rate``, and in each engine step it takes the decode of
-    the tokens ``view`` holds (its booked requests' prompts and expected output; no
-    ``view``: an idle worker)."""
-    work = max(pending, 0) + uncached
+def worker_ttft(pending: float, uncached: float, terms: CostTerms, view: Any = None) -> float:
+    """One worker's predicted TTFT without a profiled cost model: ``uncached`` new prompt
+    tokens behind ``pending`` queued ones, priced by ``terms`` (:meth:`StepCost.terms`: their
+    prefill at the worker's rate, and in each engine step it takes the decode of the tokens
+    ``view`` holds: its booked requests' prompts and expected output; no ``view``: an idle
+    worker)."""
     context = view.held_tokens if view is not None else 0
-    return work / rate + cost.steps(work) * cost.step(context)
+    return terms.ttft_s(max(pending, 0) + uncached, 0.0, 0, max(context, 0))
 
 
-def memory_wait(uncached: float, view: Any, cost: StepCost = STEP_COST) -> float:
+def memory_wait(uncached: float, view: Any, terms: CostTerms = FLAT_TERMS) -> float:
     """How long the request waits at the worker for KV room: 0 while its booked KV plus the
     prompt fits; past it, until enough running sequences finish to free the excess. Each
     finished sequence frees its share of the booked KV (``held / n``); the running ones have
     on average half their expected output ahead (``decode / n``), spread evenly, so the
     ``k``-th to finish does so after about ``k / (n + 1)`` of that many decode steps (an
     engine admits in order, so the prompts queued ahead need room first: they are booked,
-    in ``held``). Decode steps while it waits cost as many as with the batch's context."""
+    in ``held``). Decode steps while it waits cost as ``terms`` price a step of the batch
+    with its context (:meth:`CostTerms.decode_step_s`)."""
     n = view.num_requests
     held = view.held_tokens
     capacity = view.kv_capacity_tokens
@@ -448,7 +459,7 @@ def memory_wait(uncached: float, view: Any, cost: StepCost = STEP_COST) -> float
         return 0.0
     finishing = min(math.ceil(excess * n / held), n)
     decode = max(view.ongoing_decode_tokens, 0)
-    return decode / n * finishing / (n + 1) * cost.step(held)
+    return decode / n * finishing / (n + 1) * terms.decode_step_s(n, held)
 
 
 def saturated(prediction: Prediction, target_s: float) -> bool:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from policies.base import NoHealthyWorker, RequestFeatures
+from router.cache.cost_model import CostTerms, WorkerCost
+from router.cache.cost_profile import resolve
 from router.core.flow_queue import (
     DEFAULT_FLOW,
     PRIORITY_MAX,
@@ -198,6 +200,7 @@ class View:
     ongoing_decode_tokens: int = 0
     held_tokens: int = 0
     kv_capacity_tokens: int = 0
+    cost: WorkerCost | None = None  # the router's cost model (None: the flat prediction)
 
     def estimate_cache_hit(self, blocks, tokens=None) -> int:
         return self.hit
@@ -314,15 +317,15 @@ def test_a_worker_whose_kv_is_full_waits_for_running_sequences_to_finish():
     full = View(
         num_requests=4, held_tokens=1000, kv_capacity_tokens=1000, ongoing_decode_tokens=400
     )
-    assert memory_wait(250, full, cost) == pytest.approx(20 * 0.01)
+    assert memory_wait(250, full, cost.terms(1000.0)) == pytest.approx(20 * 0.01)
     # 750 more need three of them: 60 steps
-    assert memory_wait(750, full, cost) == pytest.approx(60 * 0.01)
+    assert memory_wait(750, full, cost.terms(1000.0)) == pytest.approx(60 * 0.01)
     p = predicted_ttft(features(250), [full], 1000.0, cost=cost)
     steps = 250 / 8192 + 1
     assert p.ttft_s == pytest.approx(0.25 + steps * 0.01 + 0.2)
     assert p.own_s == pytest.approx(0.25 + steps * 0.01)  # the wait is the others': no floor
     room = View(num_requests=4, held_tokens=500, kv_capacity_tokens=1000, ongoing_decode_tokens=400)
-    assert memory_wait(250, room, cost) == 0.0
+    assert memory_wait(250, room, cost.terms(1000.0)) == 0.0
 
 
 def test_a_worker_that_holds_nothing_never_waits_for_kv_room():
@@ -339,3 +342,79 @@ def test_the_decode_cost_settings_default_to_the_constants_flow_control_uses():
     settings = Settings()
     assert settings.flow_decode_step_s == DECODE_STEP_S
     assert settings.flow_decode_token_s == DECODE_TOKEN_S
+
+
+# ---- one predictor: the router's cost model when a GPU profile prices it (issue 52) -------
+
+H100_TERMS = CostTerms.of_profile(resolve("h100-llama8b"))
+
+
+def attention_heavy(cost: WorkerCost) -> View:
+    """A worker with two 8k-token prefills queued, each after 150k cached tokens (a long
+    agentic turn extending the previous one), booked on ``cost``; the request after them
+    hits 150k cached tokens too."""
+    for _ in range(2):
+        cost.book(8192, 150_000, 158_192, 256, now=0.0)
+    return View(
+        pending_prefill_tokens=16_384,
+        hit=150_000,
+        num_requests=2,
+        held_tokens=2 * (158_192 + 256),
+        cost=cost,
+    )
+
+
+def test_with_a_gpu_profile_saturation_reads_the_cost_models_prediction():
+    """The attention over the cached prefix is most of these prefills' cost: 2k new tokens
+    after 150k cached behind two such 8k chunks take about 4.6 s on an H100 (the profile),
+    while the flat rate (15k tokens/s plus the decode of the held context) says 1.4 s. Flow
+    control reads the cost model's prediction, the one the ttft picker prices with, so the
+    fleet is saturated at a 2 s target where the flat formula would dispatch."""
+    request = features(152_048)
+    flat = predicted_ttft(request, [attention_heavy(WorkerCost())], 15_000.0, now=0.0)
+    assert flat.ttft_s < 2.0 and not saturated(flat, 2.0)
+    cost = WorkerCost(H100_TERMS)
+    view = attention_heavy(cost)
+    p = predicted_ttft(request, [view], 15_000.0, now=0.0)
+    assert p.ttft_s == pytest.approx(cost.ttft_s(2048, 150_000, 0.0))
+    assert p.ttft_s > 4.0 and saturated(p, 2.0)
+    # its own prefill alone there: the cost model's, with nothing queued ahead
+    assert p.own_s == pytest.approx(H100_TERMS.ttft_s(2048, 2048 * 150_000 + 2048**2 / 2, 0, 0))
+    # the learned correction is the cost model's too
+    cost.factor = 0.5
+    assert predicted_ttft(request, [view], 15_000.0, now=0.0).ttft_s == pytest.approx(p.ttft_s / 2)
+
+
+def test_with_a_gpu_profile_the_queue_ahead_progresses_as_the_cost_model_says():
+    cost = WorkerCost(H100_TERMS)
+    view = attention_heavy(cost)
+    request = features(152_048)
+    later = predicted_ttft(request, [view], 15_000.0, now=1.0)
+    assert later.ttft_s == pytest.approx(cost.ttft_s(2048, 150_000, 1.0))
+    assert later.ttft_s < predicted_ttft(request, [view], 15_000.0, now=0.0).ttft_s
+
+
+def test_the_flat_prediction_is_the_cost_models_arithmetic_on_the_step_costs_terms():
+    """Without a profile (a flat WorkerCost, or none) flow control keeps its own terms (the
+    learned rate, each step's decode by held context) but prices them with CostTerms.ttft_s:
+    one formula for a worker's TTFT."""
+    cost = StepCost(step_s=0.01, token_s=1e-8, chunk_tokens=8192)
+    view = View(pending_prefill_tokens=16384, held_tokens=1_000_000, cost=WorkerCost())
+    p = predicted_ttft(features(8192), [view], 10_000.0, cost=cost)
+    assert p.ttft_s == pytest.approx(cost.terms(10_000.0).ttft_s(24_576, 0.0, 0, 1_000_000))
+    assert p.ttft_s == pytest.approx(2.4576 + 4 * 0.02)
+
+
+def test_with_a_gpu_profile_a_full_kv_waits_at_the_profiles_decode_step():
+    cost = WorkerCost(H100_TERMS)
+    full = View(
+        num_requests=4,
+        held_tokens=1000,
+        kv_capacity_tokens=1000,
+        ongoing_decode_tokens=400,
+        cost=cost,
+    )
+    p = predicted_ttft(features(250), [full], 1000.0)
+    wait = 20 * H100_TERMS.decode_step_s(4, 1000)  # one of 4 to finish: 100 / 5 steps
+    assert memory_wait(250, full, H100_TERMS) == pytest.approx(wait)
+    assert p.ttft_s == pytest.approx(cost.ttft_s(250, 0) + wait)
