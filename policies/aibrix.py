@@ -96,6 +96,7 @@ class AIBrixPicker:
     """Filter on running counts, best match % within mean + stddev, else least running."""
 
     name = "aibrix"
+    needs = ()  # the core view alone
     clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(

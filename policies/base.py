@@ -4,6 +4,14 @@ A picker is a pure function of (request features, per-worker state views, the pi
 small state such as session bindings or a round-robin counter). It never mutates worker
 state: booking (counters, shadow insert, pins) is the caller's job, done once per request.
 
+What a picker may read is stated here: :class:`WorkerView`, the members every view has, and
+the capabilities, small protocols for what only some pickers read (a learned rate, the
+prefill queue, session footprints, the block shadow, a CPU tier, LoRA slots, the engine's
+own figures). A picker names the capabilities it reads in ``needs``; the live pool and the
+simulator check their views against them once (:func:`check_views`), so a pick reads its
+members directly, never probing. A view that does not track a capability still has its
+members, with the neutral values each protocol documents (None, False, 0).
+
 A request's features (:class:`~router.cache.features.RequestFeatures`) belong to the cache
 model, which computes and books them; they are re-exported here as part of the contract.
 """
@@ -12,10 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
+from router.cache.block_lru import BlockLRU
 from router.cache.cost_model import WorkerCost
 from router.cache.features import RequestFeatures
+from router.cache.lora import AdapterSlots
+from router.cache.workload import PrefillRate, SessionFootprint
 
 
 @runtime_checkable
@@ -56,6 +67,111 @@ class WorkerView(Protocol):
         """
 
 
+class QueuedPrefill(Protocol):
+    """A booking in a worker's prefill queue."""
+
+    @property
+    def prefill_released(self) -> bool:
+        """Whether its first token has come (its prefill is done)."""
+
+
+@runtime_checkable
+class LearnedRate(Protocol):
+    """The worker's prefill rate, learned from its answers
+    (:class:`~router.cache.workload.PrefillRate`); None: price at the configured rate."""
+
+    @property
+    def rate(self) -> PrefillRate | None: ...
+
+
+@runtime_checkable
+class PrefillProgress(Protocol):
+    """Where the worker's queued prefill stands; ``prefill_queue`` None: not tracked (then
+    the methods are never called)."""
+
+    @property
+    def prefill_queue(self) -> Sequence[QueuedPrefill] | None:
+        """The bookings whose prefill is pending, oldest first."""
+
+    def prefill_left(self, now: float) -> int:
+        """Prefill tokens still to compute at ``now`` (the oldest has begun)."""
+
+    def prefill_tail(self, chunk_tokens: int) -> tuple[int, int]:
+        """The queue's last engine step: (tokens still free in it, requests ending in it)."""
+
+
+@runtime_checkable
+class SessionFootprints(Protocol):
+    """The KV of the sessions seen on the worker (:class:`~router.cache.workload.
+    SessionFootprint`, its ``clock`` the latest booking); None: not tracked."""
+
+    @property
+    def footprint(self) -> SessionFootprint | None: ...
+
+
+@runtime_checkable
+class BlockShadow(Protocol):
+    """The router's block-hash shadow of the worker's cache, its pins the in-flight
+    requests' blocks; None: no block shadow."""
+
+    @property
+    def blocks(self) -> BlockLRU | None: ...
+
+
+@runtime_checkable
+class CPUTier(Protocol):
+    """The worker's CPU KV tier as the router reads it; ``tiered`` False: none read (then
+    ``estimate_tiers`` is never called)."""
+
+    @property
+    def tiered(self) -> bool: ...
+
+    @property
+    def kv_load_s_per_token(self) -> float:
+        """Seconds to load one token's KV from the tier."""
+
+    def estimate_tiers(self, blocks: Sequence[int], tokens: bytes | None = None) -> tuple[int, int]:
+        """(GPU hit, what the CPU tier holds after it), in tokens."""
+
+
+@runtime_checkable
+class LoRASlots(Protocol):
+    """The worker's LoRA adapter slots as booked (:class:`~router.cache.lora.AdapterSlots`);
+    None: not tracked (no adapter term)."""
+
+    @property
+    def adapters(self) -> AdapterSlots | None: ...
+
+
+@runtime_checkable
+class EngineFigures(Protocol):
+    """Figures the engine reports of itself; None where the view has none (the peers then
+    derive them from the booked state: :mod:`policies.peer_views`)."""
+
+    @property
+    def num_requests_waiting(self) -> int | None: ...
+
+    @property
+    def kv_usage_fraction(self) -> float | None:
+        """The share of its KV cache in use, 0..1."""
+
+    @property
+    def worker_block_size(self) -> int | None:
+        """Its KV block size in tokens."""
+
+
+CAPABILITIES: tuple[type, ...] = (
+    LearnedRate,
+    PrefillProgress,
+    SessionFootprints,
+    BlockShadow,
+    CPUTier,
+    LoRASlots,
+    EngineFigures,
+)
+"""Every capability a picker may name in ``needs``."""
+
+
 @dataclass(frozen=True, slots=True)
 class Pick:
     """A routing decision and why it was taken.
@@ -77,8 +193,41 @@ class NoHealthyWorker(LookupError):
 
 class Picker(Protocol):
     name: str
+    needs: ClassVar[tuple[type, ...]]
+    """The capabilities (of :data:`CAPABILITIES`) it reads beyond :class:`WorkerView`."""
 
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick: ...
 
 
-__all__ = ["NoHealthyWorker", "Pick", "Picker", "RequestFeatures", "WorkerView"]
+def check_views(picker: Picker, views: Sequence[object]) -> None:
+    """Refuse ``views`` that lack a capability ``picker`` reads: a ``TypeError`` naming it.
+
+    Called once where a picker meets its views (the pool adding a worker, the simulator
+    building its fleet), so a missing member is an error at start, never in a pick. The
+    core members are the views' type (:class:`WorkerView`), not checked here.
+    """
+    for view in views:
+        missing = [cap.__name__ for cap in picker.needs if not isinstance(view, cap)]
+        if missing:
+            raise TypeError(
+                f"picker {picker.name!r} reads {', '.join(missing)}, which "
+                f"{type(view).__name__} does not offer"
+            )
+
+
+__all__ = [
+    "CAPABILITIES",
+    "BlockShadow",
+    "CPUTier",
+    "EngineFigures",
+    "LearnedRate",
+    "LoRASlots",
+    "NoHealthyWorker",
+    "Pick",
+    "Picker",
+    "PrefillProgress",
+    "RequestFeatures",
+    "SessionFootprints",
+    "WorkerView",
+    "check_views",
+]

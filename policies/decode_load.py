@@ -26,6 +26,7 @@ class DecodeLoadPicker:
     """Fewest running requests among the workers with KV room, then least KV held."""
 
     name = "decode_load"
+    needs = ()  # the core view alone
 
     def __init__(self) -> None:
         self._rr = RoundRobinCounter()

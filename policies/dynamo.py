@@ -50,7 +50,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from policies.base import Pick, RequestFeatures, WorkerView
+from policies.base import BlockShadow, Pick, RequestFeatures, WorkerView
 from policies.hits import UNHEALTHY, estimate_hits
 from policies.peer_views import active_blocks, new_active_blocks
 
@@ -96,6 +96,7 @@ class DynamoPicker:
     """argmin of ``w * prefill_blocks + decode_blocks``, overlap from its own decisions."""
 
     name = "dynamo"
+    needs = (BlockShadow,)
     clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(

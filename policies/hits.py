@@ -8,11 +8,16 @@ the proxy's routing-loss metric (chosen hit vs best hit) means the same for ever
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-from policies.base import NoHealthyWorker, RequestFeatures, WorkerView
+from policies.base import CPUTier, NoHealthyWorker, RequestFeatures, WorkerView
 
 UNHEALTHY = -1
 """Marker in the hits list for a worker the picker must skip."""
+
+
+class TieredView(WorkerView, CPUTier, Protocol):
+    """A view that says whether the router reads a CPU tier of its worker."""
 
 
 def estimate_hits(request: RequestFeatures, workers: Sequence[WorkerView]) -> tuple[list[int], int]:
@@ -37,17 +42,17 @@ def estimate_hits(request: RequestFeatures, workers: Sequence[WorkerView]) -> tu
 
 
 def estimate_tier_split(
-    request: RequestFeatures, workers: Sequence[WorkerView]
+    request: RequestFeatures, workers: Sequence[TieredView]
 ) -> tuple[list[int], list[int] | None, int]:
     """Per worker, its GPU hit (``UNHEALTHY`` for unhealthy ones) and what it would load from
     its CPU KV tier after it (0 without a tier; the list is None when no view shows a tier),
     one estimate each; and the best GPU hit.
 
-    A view shows a tier with ``tiered`` true, ``estimate_tiers(blocks, tokens)`` giving its
-    (GPU hit, CPU-tier hit) and ``kv_load_s_per_token``
-    (:class:`~router.cache.worker_state.WorkerState`).
+    The views are :class:`~policies.base.CPUTier` s: a view shows a tier with ``tiered``
+    true, ``estimate_tiers(blocks, tokens)`` giving its (GPU hit, CPU-tier hit) and
+    ``kv_load_s_per_token`` (:class:`~router.cache.worker_state.WorkerState`).
     """
-    if not any(getattr(w, "tiered", False) for w in workers):
+    if not any(w.tiered for w in workers):
         hits, best = estimate_hits(request, workers)
         return hits, None, best
     blocks, tokens = request.blocks, request.tokens
@@ -58,7 +63,7 @@ def estimate_tier_split(
         cpu = 0
         if not worker.healthy:
             hit = UNHEALTHY
-        elif getattr(worker, "tiered", False):
+        elif worker.tiered:
             hit, cpu = worker.estimate_tiers(blocks, tokens)
         else:
             hit = worker.estimate_cache_hit(blocks, tokens)
@@ -71,7 +76,7 @@ def estimate_tier_split(
 
 
 def estimate_tier_hits(
-    request: RequestFeatures, workers: Sequence[WorkerView]
+    request: RequestFeatures, workers: Sequence[TieredView]
 ) -> tuple[list[int], list[float] | None, int]:
     """:func:`estimate_tier_split` counting what a worker would load from its CPU KV tier as
     a hit, and the seconds each load takes (None when no view shows a tier: the plain hits)."""

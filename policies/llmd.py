@@ -50,7 +50,14 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from policies.base import Pick, RequestFeatures, WorkerView
+from policies.base import (
+    BlockShadow,
+    EngineFigures,
+    Pick,
+    PrefillProgress,
+    RequestFeatures,
+    WorkerView,
+)
 from policies.hits import UNHEALTHY, estimate_hits
 from policies.peer_views import kv_usage, waiting_requests
 
@@ -114,6 +121,7 @@ class LLMDPicker:
     """queue w2 + kv-cache-utilization w2 + prefix-cache w3 over llm-d's approximate index."""
 
     name = "llmd"
+    needs = (PrefillProgress, BlockShadow, EngineFigures)
 
     def __init__(
         self,
@@ -188,7 +196,7 @@ class LLMDPicker:
 
     def pod_capacity(self, view: WorkerView, block_size: int) -> int:
         """The pod's LRU capacity in blocks of ``block_size`` tokens (at least 1)."""
-        engine_block = getattr(view, "worker_block_size", None) or ENGINE_BLOCK_TOKENS
+        engine_block = view.worker_block_size or ENGINE_BLOCK_TOKENS
         llmd_block = max(engine_block, MIN_BLOCK_TOKENS)
         entries = self.capacity_blocks
         if entries is None:

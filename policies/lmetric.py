@@ -29,6 +29,7 @@ class LMetricPicker:
     """Smallest ``(pending_prefill + new_prefill) * num_requests`` wins."""
 
     name = "lmetric"
+    needs = ()  # the core view alone
 
     def __init__(self, *, tie_break: TieBreak = MULTIKEY) -> None:
         self.tie_break = check_tie_break(tie_break)

@@ -45,6 +45,7 @@ class LoadOnlyPicker:
     """Fewest requests wins."""
 
     name = "load_only"
+    needs = ()  # the core view alone
 
     def __init__(self, *, tie_break: TieBreak = FIRST) -> None:
         self.tie_break = check_tie_break(tie_break)

@@ -16,6 +16,8 @@ from policies.hits import UNHEALTHY, estimate_hits
 class SeededPicker:
     """A picker that draws from a generator of its own, seeded for reproducible runs."""
 
+    needs = ()  # the core view alone
+
     def __init__(self, *, seed: int | None = 0) -> None:
         self.seed = seed
         self._rng = random.Random(seed)

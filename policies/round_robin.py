@@ -17,6 +17,7 @@ class RoundRobinPicker:
     """Worker ``k mod healthy`` on the k-th pick."""
 
     name = "round_robin"
+    needs = ()  # the core view alone
 
     def __init__(self) -> None:
         self._count = 0

@@ -69,6 +69,7 @@ class SGLangCacheAwarePicker:
     """Imbalanced: shortest queue; else best tree match above the threshold; else smallest tree."""
 
     name = "sglang_cache_aware"
+    needs = ()  # the core view alone
 
     def __init__(
         self,

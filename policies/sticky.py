@@ -31,6 +31,7 @@ class StickyPicker:
     """Once bound, a session never leaves its (healthy) worker."""
 
     name = "sticky"
+    needs = ()  # the core view alone
 
     def __init__(
         self, *, max_sessions: int = DEFAULT_MAX_SESSIONS, tie_break: TieBreak = FIRST

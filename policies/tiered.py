@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from policies.base import Pick, RequestFeatures, WorkerView
+from policies.base import BlockShadow, CPUTier, Pick, RequestFeatures, WorkerView
 from policies.hits import UNHEALTHY, estimate_tier_split
 from policies.peer_views import active_blocks, new_active_blocks
 
@@ -36,6 +36,7 @@ class TieredPicker:
     """argmin of uncredited prefill blocks plus decode blocks, fixed credits per tier."""
 
     name = "tiered"
+    needs = (CPUTier, BlockShadow)
 
     def __init__(
         self,

@@ -172,7 +172,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.base import Pick, RequestFeatures, WorkerView
+from policies.base import (
+    BlockShadow,
+    CPUTier,
+    LearnedRate,
+    LoRASlots,
+    Pick,
+    PrefillProgress,
+    RequestFeatures,
+    SessionFootprints,
+    WorkerView,
+)
 from policies.hits import UNHEALTHY, estimate_tier_hits
 from policies.sessions import DEFAULT_MAX_SESSIONS, SessionTable
 from policies.tiebreak import RoundRobinCounter
@@ -206,6 +216,7 @@ class TTFTPicker:
     """Smallest predicted time to first token plus the recompute a placement causes."""
 
     name = "ttft"
+    needs = (LearnedRate, PrefillProgress, SessionFootprints, BlockShadow, CPUTier, LoRASlots)
 
     def __init__(
         self,
@@ -309,7 +320,7 @@ class TTFTPicker:
         it runs there without a load or a wait for a slot)."""
         homes = []
         for i, worker in enumerate(workers):
-            slots = getattr(worker, "adapters", None)
+            slots = worker.adapters
             if (
                 slots is not None
                 and hits[i] != UNHEALTHY
@@ -337,7 +348,7 @@ class TTFTPicker:
         samples would otherwise send every new session to the worker that measured fastest,
         and each session brings all its later turns with it.
         """
-        if getattr(workers[0], "footprint", None) is None:
+        if workers[0].footprint is None:
             return None
         # first the queue and own prefill alone (cheap): usually one worker is clearly ahead
         length, rate = request.input_length, self.prefill_tokens_per_s
@@ -410,18 +421,19 @@ class TTFTPicker:
         share = self.share_weight
         tau2 = self.share_tau_s * self.share_tau_s
         first = workers[0] if workers else None
-        learned = learned_rates and getattr(first, "rate", None) is not None  # one kind: check once
+        # the views are of one kind: check the first
+        learned = learned_rates and first is not None and first.rate is not None
         costs: list[float] = []
         own_min = INF  # the request's own prefill on the worker where it is shortest
         adapter = request.adapter
         # the latest booking anywhere: how far the workers' queued prefills have got since
-        progress = getattr(first, "prefill_left", None) is not None
+        progress = first is not None and first.prefill_queue is not None
         now = max(w.footprint.clock for w in workers) if progress else 0.0
         # ttft_i from the workers' cost models when a GPU profile prices them
         priced = first is not None and first.cost is not None and first.cost.profiled
         if priced:
             clock = max(w.cost.clock for w in workers)
-        tails = getattr(first, "prefill_tail", None) is not None  # views that track steps
+        tails = progress  # views that track the queue track where its steps end
         for i, worker in enumerate(workers):
             hit = hits[i]
             if hit == UNHEALTHY:
@@ -452,15 +464,16 @@ class TTFTPicker:
                     extra *= wait / (wait + tau2)
                 cost += extra
             if adapter is not None:
-                slots = getattr(worker, "adapters", None)  # views without slots: no term
+                slots = worker.adapters  # views without slots: no term
                 if slots is not None and not slots.resident(adapter):
                     cost += self._lora(slots, adapter, n, worker.ongoing_decode_tokens)
             costs.append(cost)
-        footprints = getattr(first, "footprint", None) is not None
+        footprints = first is not None and first.footprint is not None
         if self.block_weight and footprints and self.hopeless_s <= own_min < INF:
             self._add_block(request, workers, hits, costs, learned)
         tracked = self.eviction_weight and footprints
-        memory = self.memory_weight if getattr(first, "blocks", None) is not None else 0.0
+        shadow = first is not None and first.blocks is not None
+        memory = self.memory_weight if shadow else 0.0
         if not (tracked or memory):
             return costs
         charge = self._charge
@@ -556,7 +569,7 @@ class TTFTPicker:
         rate = worker.rate.tokens_per_s if learned else self.prefill_tokens_per_s
         capacity = worker.kv_capacity_tokens
         charge = 0.0
-        footprint = getattr(worker, "footprint", None)
+        footprint = worker.footprint
         # footprint.warm_tokens + length is an upper bound of what it holds: check closer
         if (
             self.eviction_weight
@@ -576,7 +589,7 @@ class TTFTPicker:
                 i,
             )
             # a session pushed out of a worker with a CPU tier reloads rather than recomputes
-            reload = worker.kv_load_s_per_token if getattr(worker, "tiered", False) else 0.0
+            reload = worker.kv_load_s_per_token if worker.tiered else 0.0
             per_token = min(1.0 / rate, reload) if reload else 1.0 / rate
             charge += self.eviction_weight * self.return_rate * pushed * per_token
         n = worker.num_requests

@@ -51,6 +51,7 @@ class UnifiedPicker:
     """Stick when warm and not overloaded; otherwise LMetric with the 4-key tie-break."""
 
     name = "unified"
+    needs = ()  # the core view alone
 
     def __init__(
         self,

@@ -34,6 +34,7 @@ class TruthView:
     """A ``WorkerView`` answered from a worker model instead of the router's shadow."""
 
     __slots__ = ("_queued", "_queued_blocks", "_queued_prefill", "model", "state")
+    tiered = False  # no CPU tier read (policies.base.CPUTier): flow control's estimate reads it
 
     def __init__(self, state: WorkerState, model: WorkerModel) -> None:
         self.state = state

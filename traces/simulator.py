@@ -59,7 +59,7 @@ from typing import Literal
 
 import numpy as np
 
-from policies.base import Picker, RequestFeatures
+from policies.base import Picker, RequestFeatures, check_views
 from policies.registry import make_picker, picker_params
 from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.block_lru import BlockLRU
@@ -581,6 +581,7 @@ def simulate(
     # a reference picker (traces/oracle.py) reads the models' truth instead of the shadows
     truth_views = getattr(picker, "truth_views", None)
     views = truth_views(states, models[: len(states)]) if truth_views is not None else states
+    check_views(picker, views)
     wakeups: list[tuple[float, int, int]] = []  # (time, worker, version)
     # requests due to be sent, (time, index): all of them at their arrival in open loop; in
     # session pacing a turn enters when its session's previous turn finishes
@@ -862,6 +863,7 @@ class _Disaggregated:
         self.offset = 0  # the first decode model's index among all models
         params = {"seed": config.seed} if "seed" in picker_params(config.decode_policy) else {}
         self.picker = make_picker(config.decode_policy, **params)
+        check_views(self.picker, decode_states)
         self.features: list[RequestFeatures | None] = [None] * n
         self.bookings: list[Booking | None] = [None] * n
         self.decode_worker = np.zeros(n, dtype=np.int64)

@@ -44,6 +44,7 @@ class BenchWorker:
         "cost",
         "footprint",
         "healthy",
+        "held_tokens",
         "kv_capacity_tokens",
         "lru",
         "num_requests",
@@ -52,12 +53,18 @@ class BenchWorker:
         "rate",
     )
 
+    # the capabilities it does not track (policies.base), at their neutral values
+    prefill_queue = adapters = num_requests_waiting = kv_usage_fraction = worker_block_size = None
+    tiered = False
+    kv_load_s_per_token = 0.0
+
     def __init__(self, lru: BlockLRU, num_requests: int, pending: int) -> None:
         self.lru = self.blocks = lru  # ttft reads the shadow's pinned blocks (its memory check)
         self.healthy = True
         self.num_requests = num_requests
         self.pending_prefill_tokens = pending
         self.ongoing_decode_tokens = 256 * num_requests
+        self.held_tokens = pending + self.ongoing_decode_tokens  # decode_load reads it
         self.kv_capacity_tokens = lru.capacity_blocks * lru.block_size
         self.rate = PrefillRate()
         self.cost = None  # no cost model: ttft prices flat

@@ -68,7 +68,8 @@ class ShadowAccuracy:
 
 @dataclass(eq=False)
 class WorkerState:
-    """A worker's load counters and both shadow caches; a ``policies.base.WorkerView``.
+    """A worker's load counters and both shadow caches; a ``policies.base.WorkerView`` with
+    every capability of ``policies.base.CAPABILITIES``.
 
     ``radix`` may be ``None`` when the caller never has token ids for it. When the caller
     caches block keys as pseudo-tokens (trace simulation), ``radix_token_weight`` is the
@@ -88,6 +89,10 @@ class WorkerState:
     accuracy: ShadowAccuracy = field(default_factory=ShadowAccuracy)
     kv_index: KVIndex | None = None  # precise mode (router/fleet/kv_events.py): answers when synced
     worker_block_size: int | None = None  # the worker's own KV block size, from its /metrics
+    # the engine's own queue and KV usage (policies.base.EngineFigures): not scraped onto the
+    # state, so None, and the peer pickers derive both from the booking (policies/peer_views.py)
+    num_requests_waiting: int | None = None
+    kv_usage_fraction: float | None = None
     # learned from bookings and reports (router/cache/workload.py), read by the ttft picker
     rate: PrefillRate = field(default_factory=PrefillRate)
     footprint: SessionFootprint = field(default_factory=SessionFootprint)

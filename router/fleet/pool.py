@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.base import NoHealthyWorker, Pick, RequestFeatures
+from policies.base import NoHealthyWorker, Pick, RequestFeatures, check_views
 from policies.registry import make_picker
 from router.cache.block_lru import BlockLRU
 from router.cache.cost_model import WorkerCost
@@ -275,6 +275,9 @@ class WorkerPool:
             worker.models_pinned = True
             worker.models = frozenset(pinned)
             worker.adapters = frozenset(pinned[1:])
+        # what the pickers read, once per worker (they are rebuilt of the same kinds)
+        check_views(self.picker, (state,))
+        check_views(self.decode_picker, (state,))
         self.workers.append(worker)
         self.states.append(state)
         self._models_changed()

@@ -8,14 +8,21 @@ from dataclasses import dataclass, field
 import pytest
 
 from policies.base import RequestFeatures
+from router.cache.block_lru import BlockLRU
 from router.cache.cost_model import WorkerCost
+from router.cache.lora import AdapterSlots
+from router.cache.workload import PrefillRate, SessionFootprint
 
 BLOCK = 512
 
 
 @dataclass
 class FakeWorker:
-    """A WorkerView whose cache is a set of block keys; counts estimate calls."""
+    """A WorkerView whose cache is a set of block keys; counts estimate calls.
+
+    It offers every capability of ``policies.base`` at its neutral value (tracks none of
+    them) unless a test sets one: ``view.adapters = AdapterSlots(2)``.
+    """
 
     cached: set[int] = field(default_factory=set)
     num_requests: int = 0
@@ -27,6 +34,25 @@ class FakeWorker:
     held_tokens: int = 0
     kv_capacity_tokens: int = 1 << 20
     cost: WorkerCost | None = None
+    rate: PrefillRate | None = None
+    prefill_queue: None = None
+    footprint: SessionFootprint | None = None
+    blocks: BlockLRU | None = None
+    tiered: bool = False
+    kv_load_s_per_token: float = 0.0
+    adapters: AdapterSlots | None = None
+    num_requests_waiting: int | None = None
+    kv_usage_fraction: float | None = None
+    worker_block_size: int | None = None
+
+    def prefill_left(self, now: float) -> int:
+        return self.pending_prefill_tokens  # never called: no prefill queue tracked
+
+    def prefill_tail(self, chunk_tokens: int) -> tuple[int, int]:
+        return 0, 0
+
+    def estimate_tiers(self, blocks: Sequence[int], tokens: bytes | None = None) -> tuple[int, int]:
+        return self.estimate_cache_hit(blocks, tokens), 0  # never called: not tiered
 
     def estimate_cache_hit(self, blocks: Sequence[int], tokens: bytes | None = None) -> int:
         self.estimate_calls += 1

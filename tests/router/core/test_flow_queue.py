@@ -201,6 +201,7 @@ class View:
     held_tokens: int = 0
     kv_capacity_tokens: int = 0
     cost: WorkerCost | None = None  # the router's cost model (None: the flat prediction)
+    tiered: bool = False  # no CPU tier read (policies.base.CPUTier)
 
     def estimate_cache_hit(self, blocks, tokens=None) -> int:
         return self.hit
