@@ -65,7 +65,12 @@ from traces.report import (
 from traces.requests_out import write_requests
 from traces.simulator import ROUTER_TIERS, PolicyRun, SimConfig, simulate
 from traces.stats import hit_ceiling
-from traces.worker_model import add_model_options, model_config_from_args, profile_arg
+from traces.worker_model import (
+    add_model_options,
+    model_config_from_args,
+    parse_profile,
+    profile_arg,
+)
 
 DEFAULT_POLICIES = "ttft,lmetric,load_only,sticky,unified,capped"
 
@@ -298,7 +303,7 @@ def add_cost_profile_option(p: argparse.ArgumentParser) -> None:
     names = ", ".join(cost_profile.profile_names())
     p.add_argument(
         "--cost-profile",
-        type=_cost_profile_arg,
+        type=parse_profile,
         default=cost_profile.FLAT,
         metavar="NAME|FILE",
         help="the GPU profile the router predicts TTFT with (router/cache/cost_model.py; the "
@@ -306,13 +311,6 @@ def add_cost_profile_option(p: argparse.ArgumentParser) -> None:
         "workers' --prefill-tokens-per-s and the picker's own step costs. Independent of "
         "--gpu-profile (the workers' true costs)",
     )
-
-
-def _cost_profile_arg(text: str) -> GpuProfile | None:
-    try:
-        return cost_profile.resolve(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_disaggregation_options(p: argparse.ArgumentParser) -> None:

@@ -244,7 +244,7 @@ def add_profile_option(p: argparse.ArgumentParser, whose: str = "") -> None:
     names = ", ".join(gpu_profile.profile_names())
     p.add_argument(
         "--gpu-profile",
-        type=_profile_arg,
+        type=parse_profile,
         default=gpu_profile.DEFAULT_PROFILE,
         metavar="NAME|FILE",
         help=f"{whose}price prefill chunks, decode steps and CPU-tier loads as measured on a GPU: "
@@ -254,8 +254,9 @@ def add_profile_option(p: argparse.ArgumentParser, whose: str = "") -> None:
     )
 
 
-def _profile_arg(text: str) -> GpuProfile | None:
-    """``--gpu-profile``'s value loaded (argparse reports a bad one in one line)."""
+def parse_profile(text: str) -> GpuProfile | None:
+    """A profile option's value (``--gpu-profile``, ``--cost-profile``) loaded: a shipped
+    name, a file, or ``flat`` (None); argparse reports a bad one in one line."""
     try:
         return gpu_profile.resolve(text)
     except ValueError as exc:
