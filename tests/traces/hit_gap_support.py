@@ -15,6 +15,7 @@ class Scripted:
     """Picks the given workers in order, one per request."""
 
     name = "scripted"
+    needs = ()  # reads no optional capability
 
     def __init__(self, workers: Sequence[int]) -> None:
         self.workers = list(workers)
