@@ -26,7 +26,7 @@ from pydantic_settings import (
 from policies.registry import PICKER_NAMES, make_picker
 from router.cache.block_hash import BLOCK_SIZE
 from router.cache.cost_model import SEQ_S, CostTerms
-from router.cache.cost_profile import FLAT, profile_names, resolve
+from router.cache.cost_profile import DEFAULT, profile_names, resolve
 from router.cache.radix_tree import EVICTION_POLICIES
 from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
 from router.validation import (
@@ -192,10 +192,12 @@ class Settings(BaseSettings):
     prefill_tokens_per_s: Positive = Field(
         DEFAULT_PREFILL_TOKENS_PER_S,
         description="each worker's expected prefill rate: the prior of the rate the ttft "
-        "picker learns from observed time to first token (router/cache/workload.py)",
+        "picker learns from observed time to first token (router/cache/workload.py); the "
+        "ttft picker's prefill and flow control's saturation read it with --cost-profile "
+        "flat (a profile prices them itself)",
     )
     cost_profile: str = Field(
-        FLAT,
+        DEFAULT,
         description="the GPU cost profile the router predicts time to first token with "
         "(router/cache/cost_model.py; the ttft picker and /metrics' prediction error): "
         "'flat' (--prefill-tokens-per-s and fixed step costs), one of "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 from router.cache.cost_profile import (
+    DEFAULT,
     FLAT,
     GpuProfile,
     from_dict,
@@ -20,9 +21,9 @@ from router.cache.cost_profile import (
     resolve,
 )
 
-DEFAULT_PROFILE = FLAT
-"""What ``--gpu-profile`` and ``WorkerModelConfig()`` price steps by when not told (the flat
-model until bench/RESULTS.md is re-run under a measured profile; then ``"h100-llama8b"``)."""
+DEFAULT_PROFILE = DEFAULT
+"""What ``--gpu-profile`` and ``WorkerModelConfig()`` price steps by when not told (``flat``
+for the flat model)."""
 
 
 @functools.cache

@@ -67,6 +67,7 @@ from traces.simulator import ROUTER_TIERS, PolicyRun, SimConfig, simulate
 from traces.stats import hit_ceiling
 from traces.worker_model import (
     add_model_options,
+    args_profile,
     model_config_from_args,
     parse_profile,
     profile_arg,
@@ -304,12 +305,13 @@ def add_cost_profile_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cost-profile",
         type=parse_profile,
-        default=cost_profile.FLAT,
+        default=None,
         metavar="NAME|FILE",
         help="the GPU profile the router predicts TTFT with (router/cache/cost_model.py; the "
         f"ttft picker prices with it): one of {names}, or a profile JSON file; 'flat': the "
-        "workers' --prefill-tokens-per-s and the picker's own step costs. Independent of "
-        "--gpu-profile (the workers' true costs)",
+        "workers' --prefill-tokens-per-s and the picker's own step costs. Default: the "
+        "workers' --gpu-profile (the router told the GPU it routes to, as `sweep` tells its "
+        "routers)",
     )
 
 
@@ -390,8 +392,11 @@ def cost_args(config: SimConfig) -> list[str]:
 
 
 def _args_cost_profile(args: argparse.Namespace) -> GpuProfile | None:
-    """``args.cost_profile`` as parsed (a name or file when set by hand; flat if none)."""
-    value = getattr(args, "cost_profile", cost_profile.FLAT)
+    """``args.cost_profile`` as parsed (a name or file when set by hand); not given: the
+    workers' profile."""
+    value = getattr(args, "cost_profile", None)
+    if value is None:
+        return args_profile(args)
     return cost_profile.resolve(value) if isinstance(value, str) else value
 
 

@@ -294,6 +294,8 @@ def run_sweep(
                 build_capped_trace(trace, args.max_turns) if policy == "capped" else trace
             )
             scaled_args = time_scaled_router_args(policy, time_scale)
+            if sims:  # the router told the GPU its sim workers model, as simulate's default
+                scaled_args += ["--cost-profile", profile_arg(args.gpu_profile)]
             with router(workers, policy, [*scaled_args, *extra_router]) as svc:
                 if kv_events is not None:
                     _wait_synced(svc.url, len(workers))

@@ -74,7 +74,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -121,8 +121,9 @@ class WorkerModelConfig:
     kv_load_gbps: float = KV_LOAD_GBPS  # host to GPU, GB/s (1e9 bytes)
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN  # all layers
     # measured step costs (traces/gpu_profile.py); None: the flat rates above price prefill,
-    # decode and CPU-tier loads. Default: gpu_profile.DEFAULT_PROFILE (flat for now)
-    profile: GpuProfile | None = field(default_factory=gpu_profile.default_profile)
+    # decode and CPU-tier loads (the commands' --gpu-profile defaults to
+    # gpu_profile.DEFAULT_PROFILE, the measured H100 8B; a config built in code is flat)
+    profile: GpuProfile | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_kv_capacity_tokens < 0 or self.kv_bytes_per_token < 0:
@@ -263,8 +264,33 @@ def parse_profile(text: str) -> GpuProfile | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+FLAT_FLAGS = {
+    "prefill_tokens_per_s": "--prefill-tokens-per-s",
+    "step_overhead_s": "--step-overhead-ms",
+    "decode_s_per_seq": "--decode-ms-per-seq",
+    "kv_load_gbps": "--kv-load-gbps",
+}
+"""The flat model's flags (``WorkerModelConfig`` field: flag), which a GPU profile replaces."""
+
+
 def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
-    """The :class:`WorkerModelConfig` of :func:`add_model_options`' flags (and ``more``)."""
+    """The :class:`WorkerModelConfig` of :func:`add_model_options`' flags (and ``more``).
+    ValueError when a flat-model flag is set beside a GPU profile, which would ignore it."""
+    config = _model_config(args, **more)
+    if config.profile is not None:
+        defaults = WorkerModelConfig()
+        given = [
+            flag for f, flag in FLAT_FLAGS.items() if getattr(config, f) != getattr(defaults, f)
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} prices the flat model, which --gpu-profile "
+                f"{config.profile.source} replaces: give --gpu-profile flat with it"
+            )
+    return config
+
+
+def _model_config(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
     return WorkerModelConfig(
         kv_capacity_tokens=args.kv_capacity_tokens,
         chunk_tokens=args.chunk_tokens,
@@ -276,12 +302,12 @@ def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModel
         cpu_kv_capacity_tokens=args.cpu_kv_capacity_tokens,
         kv_load_gbps=args.kv_load_gbps,
         kv_bytes_per_token=getattr(args, "kv_bytes_per_token", kv_transfer.BYTES_PER_TOKEN),
-        profile=_args_profile(args),
+        profile=args_profile(args),
         **more,
     )
 
 
-def _args_profile(args: argparse.Namespace) -> GpuProfile | None:
+def args_profile(args: argparse.Namespace) -> GpuProfile | None:
     """``args.gpu_profile`` as parsed (a name or file when set by hand; the default if none)."""
     value = getattr(args, "gpu_profile", gpu_profile.DEFAULT_PROFILE)
     return gpu_profile.resolve(value) if isinstance(value, str) else value

@@ -29,7 +29,8 @@ def main() -> None:
         TraceRequest(i / args.rate, f"s{i % 50}", 0, 600, 2, (i % 50,), request_id=i)
         for i in range(n)
     ]
-    fast = ["--time-scale", "1000", "--prefill-tokens-per-s", "1e9", "--step-overhead-ms", "0"]
+    fast = ["--time-scale", "1000", "--gpu-profile", "flat", "--prefill-tokens-per-s", "1e9",
+            "--step-overhead-ms", "0"]  # fmt: skip
     with sim_workers(1, fast) as (worker,):
         outcome = asyncio.run(replay(trace, ReplayConfig(url=worker.url, vocab_size=4096), "rate"))
     lag = outcome.send_lag * 1000

@@ -237,7 +237,7 @@ def run_live(args: argparse.Namespace, out_dir: Path, configs: list[Config]) -> 
     sim_args = ["--time-scale", repr(args.speedup), "--log-level", "warning"]
     sim_args += ["--kv-capacity-tokens", str(args.kv_capacity_tokens)]
     sim_args += ["--cpu-kv-capacity-tokens", str(args.cpu_kv_capacity_tokens)]
-    sim_args += ["--kv-load-gbps", repr(args.kv_load_gbps)]
+    sim_args += ["--kv-load-gbps", repr(args.kv_load_gbps), "--gpu-profile", "flat"]
     with sim_workers(args.workers, sim_args, kv_events="worker-binds") as sims:
         workers = [s.url for s in sims]
         return [run_one(cfg, workers, args, out_dir) for cfg in configs]

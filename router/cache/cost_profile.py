@@ -35,6 +35,11 @@ FLAT = "flat"
 """``--gpu-profile flat`` / ``--cost-profile flat``: no profile, the flat model of the
 worker model's (or the router's) own flags."""
 
+DEFAULT = "h100-llama8b"
+"""The profile the worker model prices steps by, and the router predicts with, when not told
+(``--gpu-profile``, ``--cost-profile``): an H100 serving an 8B model, the deployment the
+router's other defaults describe."""
+
 
 @dataclass(frozen=True)
 class GpuProfile:

@@ -48,7 +48,8 @@ MODEL = "fake-model"
 EXIT_MARGIN_S = 5.0  # past --shutdown-timeout-s: the cut's grace (1 s), lifespan, exit
 READ_TIMEOUT_S = 30.0  # a client's bound on its answer (any answer comes far sooner)
 DRAINED = "drained: 0 request(s) in flight, 0 booked on workers"
-FLOW_FLAGS = ("--flow-control", "--prefill-tokens-per-s", "500", "--flow-target-ttft-s", "2.5",
+FLOW_FLAGS = ("--flow-control", "--cost-profile", "flat", "--prefill-tokens-per-s", "500",
+              "--flow-target-ttft-s", "2.5",
               "--no-correct-shadow")  # fmt: skip
 
 PRIORITIES = ["0", "1", "-1", "3", "-3", "1000000000000", "-1000000000000", "", "abc", "1e3",

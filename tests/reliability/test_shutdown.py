@@ -138,7 +138,8 @@ async def test_sigterm_answers_the_flow_queue_at_once_and_the_unanswered_at_the_
     # one worker prefilling a 2,000-token prompt at 100 tokens/s (20 s): the fleet is
     # saturated for anything else, which waits in flow control's queue
     (worker,) = fake_workers(1, hang=1)  # never answers: held until the drain's end
-    flow = ["--flow-control", "--prefill-tokens-per-s", "100", "--flow-target-ttft-s", "0.5",
+    flow = ["--flow-control", "--cost-profile", "flat", "--prefill-tokens-per-s", "100",
+            "--flow-target-ttft-s", "0.5",
             "--flow-queue-ttl-s", "60"]  # fmt: skip
     proc, port = start_router(worker.url, 1.5, *flow)
     url = f"http://127.0.0.1:{port}"

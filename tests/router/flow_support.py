@@ -5,7 +5,8 @@ from __future__ import annotations
 
 FLOW = {
     "flow_control": True,
-    "prefill_tokens_per_s": 500.0,
+    "prefill_tokens_per_s": 500.0,  # slow workers, on the flat prior (a profile ignores it)
+    "cost_profile": "flat",
     "flow_target_ttft_s": 2.5,
     "correct_shadow": False,
 }

@@ -142,8 +142,8 @@ def test_capacity_command(tmp_path: Path, data: Path, capsys: pytest.CaptureFixt
 
 
 def test_capacity_command_as_shipped(tmp_path: Path, data: Path) -> None:
-    """No SLO, grid or fleet flags: the defaults (``ttft_p90=2``) find a capacity that holds it,
-    below the first load that fails it and below the bound."""
+    """No SLO, grid or fleet flags: the defaults (``ttft_p90=2``, the measured H100 profile)
+    find a capacity that holds it, below the first load that fails it."""
     out = tmp_path / "cap"
     trace = str(data / "mooncake_conversation_head200.jsonl")
     assert main(["capacity", "--trace", trace, "--policies", "ttft", "--out", str(out)]) == 0
@@ -152,7 +152,9 @@ def test_capacity_command_as_shipped(tmp_path: Path, data: Path) -> None:
     ttft = document["policies"]["ttft"]
     at = next(p for p in ttft["curve"] if p["load"] == ttft["capacity"])
     assert at["holds"] and at["ttft_p90"] <= 2
-    assert ttft["capacity"] < ttft["first_fail"] <= document["bounds"]["load_ceiling"]
+    # (not below the load ceiling: a 200-request sample can end over it, the work spilling
+    # past the last arrival, with its p90 still met)
+    assert ttft["capacity"] < ttft["first_fail"]
     # the fleet's bound is below what the default reached, so the SLO is not named below it
     assert document["bounds"]["ttft_fleet_p90"] <= at["ttft_p90"]
     assert document["slos_below_bound"] == []

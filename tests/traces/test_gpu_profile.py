@@ -76,8 +76,8 @@ def test_the_shipped_profiles_load() -> None:
         assert p is not None and p.name == name and p.source == name
         assert p.a > 0 and p.decode_base > 0 and p.decode_per_context_token > 0
     assert gpu_profile.resolve("flat") is None
-    # the default stays flat for now (gpu_profile.DEFAULT_PROFILE: one line to switch)
-    assert gpu_profile.DEFAULT_PROFILE == "flat" and WorkerModelConfig().profile is None
+    # the commands' default is the measured H100 8B profile; a config built in code is flat
+    assert gpu_profile.DEFAULT_PROFILE == "h100-llama8b" and WorkerModelConfig().profile is None
 
 
 @pytest.mark.parametrize(("profile", "data"), MEASURED_8B)
@@ -99,7 +99,10 @@ def test_the_flat_model_misses_the_same_rows() -> None:
     well under half the measured 0.47 s."""
     row = next(r for r in measured("h200_llama8b")["prefill"]
                if (r["prefix"], r["new"]) == (131_072, 2_048))  # fmt: skip
-    assert pair_ttft(WorkerModelConfig(kv_capacity_tokens=1 << 20), 131_072, 2_048) < row["s"] / 2
+    assert (
+        pair_ttft(WorkerModelConfig(profile=None, kv_capacity_tokens=1 << 20), 131_072, 2_048)
+        < row["s"] / 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -182,7 +185,9 @@ def test_load_time_follows_the_copy_curve() -> None:
     assert tp4.kv_piece_bytes == 512 << 10 and tp4.kv_links == 4
     assert tp4.load_s(tokens) == pytest.approx(share / (dict(tp4.copy_curve)[512 << 10] * 1e9))
     # the flat model keeps --kv-load-gbps
-    assert WorkerModelConfig(kv_load_gbps=20.0).load_s(tokens) == tokens * 131_072 / 20e9
+    assert (
+        WorkerModelConfig(profile=None, kv_load_gbps=20.0).load_s(tokens) == tokens * 131_072 / 20e9
+    )
 
 
 def test_a_tiered_worker_loads_at_the_profile_rate() -> None:
@@ -230,7 +235,7 @@ def test_model_argv_carries_the_profile() -> None:
 
     from traces.worker_model import add_model_options
 
-    for cfg in (config("h200-llama70b-tp4"), WorkerModelConfig()):
+    for cfg in (config("h200-llama70b-tp4"), WorkerModelConfig(), WorkerModelConfig(profile=None)):
         parser = argparse.ArgumentParser()
         add_model_options(parser, "kv")
         parser.add_argument("--kv-bytes-per-token", type=int)
@@ -307,3 +312,20 @@ def test_the_fitter_reproduces_the_shipped_profiles(bench_module, tmp_path: Path
             assert made[key] == shipped[key], (name, key)
         assert shipped["fit"]["prefill"]["max_abs_rel_err"] <= 0.10
         assert shipped["measured"]["prefill"] == measured(data)["prefill"]
+
+
+def test_a_flat_model_flag_beside_a_profile_is_refused() -> None:
+    """A profile prices prefill, decode and loads itself: a flat-model flag given with one
+    (the default's included) would be ignored silently, so it is refused, naming the fix."""
+    import argparse
+
+    from traces.worker_model import FLAT_FLAGS, add_model_options
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser, "kv")
+    for flag in FLAT_FLAGS.values():
+        args = parser.parse_args([flag, "3"])
+        with pytest.raises(ValueError, match=f"{flag}.*--gpu-profile flat"):
+            model_config_from_args(args)
+        flat = model_config_from_args(parser.parse_args([flag, "3", "--gpu-profile", "flat"]))
+        assert flat.profile is None

@@ -57,7 +57,7 @@ def test_capacity_shows_the_gap_at_capacity(tmp_path: Path) -> None:
     """Offline, every evaluated load carries the gap's split, and the table shows it at each
     policy's capacity (the simulate run at that load gives the same); --no-hit-gap: as before."""
     argv = ["capacity", "--trace", SAMPLE, "--workers", "4", "--kv-capacity-tokens", "1000000",
-            "--policies", "ttft,round_robin", "--slo", "ttft_p90=15", "--grid-factor", "2",
+            "--policies", "ttft,lmetric", "--slo", "ttft_p90=15", "--grid-factor", "2",
             "--tolerance", "0.2", "--no-plots"]  # fmt: skip
     assert main([*argv, "--out", str(tmp_path / "on")]) == 0
     document = json.loads((tmp_path / "on" / "capacity.json").read_text())

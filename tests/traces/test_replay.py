@@ -24,7 +24,8 @@ def shared_prefix_trace(n: int, gap: float, input_length: int = 1100) -> list[Tr
 @pytest.fixture(scope="module")
 def slow_worker():
     # 500 prefill tokens/s: a 1,100-token prompt takes about 2 s of prefill, in real time
-    with sim_workers(1, ["--prefill-tokens-per-s", "500", "--time-scale", "1"]) as (worker,):
+    flat = ["--gpu-profile", "flat", "--prefill-tokens-per-s", "500", "--time-scale", "1"]
+    with sim_workers(1, flat) as (worker,):
         yield worker.url
 
 

@@ -151,7 +151,7 @@ def test_flags_reach_the_config():
     parser = argparse.ArgumentParser()
     simulate_cmd.add_parser(parser.add_subparsers())
     argv = ["simulate", "--trace", str(SAMPLE), "--cpu-kv-capacity-tokens", "4096",
-            "--kv-load-gbps", "8", "--router-tiers", "exact"]  # fmt: skip
+            "--kv-load-gbps", "8", "--router-tiers", "exact", "--gpu-profile", "flat"]  # fmt: skip
     config = simulate_cmd.config_from_args(parser.parse_args(argv))
     assert config.router_tiers == "exact"
     assert (config.worker.cpu_kv_capacity_tokens, config.worker.kv_load_gbps) == (4096, 8.0)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from traces.gpu_profile import default_profile
 from traces.sim_worker import server
 from traces.worker_model import (
     SimRequest,
@@ -319,13 +320,16 @@ def test_flags_round_trip_through_sim_worker_parser():
     assert args.cpu_kv_capacity_tokens == 4 * 262_144 and args.kv_load_gbps == 12.5
     assert model_config_from_args(args) == config
     defaults = parser.parse_args(["sim-worker"])
-    assert model_config_from_args(defaults) == WorkerModelConfig()
+    # the command's default: the measured H100 profile
+    assert model_config_from_args(defaults) == WorkerModelConfig(profile=default_profile())
 
 
 def test_model_options_without_bytes_flag_default_bytes_per_token():
     p = argparse.ArgumentParser()
     add_model_options(p, "kv")
-    args = p.parse_args(["--cpu-kv-capacity-tokens", "2048", "--kv-load-gbps", "3"])
+    args = p.parse_args(
+        ["--cpu-kv-capacity-tokens", "2048", "--kv-load-gbps", "3", "--gpu-profile", "flat"]
+    )
     config = model_config_from_args(args)
     assert config.cpu_kv_capacity_tokens == 2048 and config.kv_load_gbps == 3.0
     assert config.kv_bytes_per_token == WorkerModelConfig().kv_bytes_per_token
