@@ -22,6 +22,17 @@ from streams import stream
 
 STREAM = {"model": "fake-model", "stream": True, "prompt": "a long answer please " * 20}
 CLIENT_KEY, ADMIN_KEY = "client-secret-7781", "admin-secret-3319"
+_STARTED: list[subprocess.Popen] = []  # this test's routers, killed if it fails before its end
+
+
+@pytest.fixture(autouse=True)
+def _stop_started_routers():
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def free_port() -> int:
@@ -41,6 +52,7 @@ def start_router(
          "--shutdown-timeout-s", str(shutdown_timeout_s), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
+    _STARTED.append(proc)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read().decode()
