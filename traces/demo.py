@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from router.validation import refuse
+from router.validation import POSITIVE, refuse
 from traces import capacity_cmd, simulate, sweep
 from traces.formats import load_trace
 from traces.record import TraceRequest
@@ -138,6 +138,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="a second live reading at the trace's own load, above the knee",
     )
+    p.add_argument(
+        "--time-scale",
+        type=POSITIVE,
+        default=TIME_SCALE,
+        help="the live sim workers' (and arrivals') speed over real time",
+    )
     add_profile_option(p, "the workers, offline and live: ")
     p.set_defaults(func=_main)
 
@@ -153,17 +159,17 @@ def _job_parser() -> argparse.ArgumentParser:
 
 
 def _live(parser: argparse.ArgumentParser, trace: list[TraceRequest], common: list[str],
-          load: float, out: Path) -> None:  # fmt: skip
+          load: float, out: Path, time_scale: float) -> None:  # fmt: skip
     """One live reading of the policies at ``load`` times the trace's load."""
     print(
-        f"live: {WORKERS} simulated workers (KV {KV_TOKENS:,} tokens each) at {TIME_SCALE}x "
+        f"live: {WORKERS} simulated workers (KV {KV_TOKENS:,} tokens each) at {time_scale:g}x "
         f"real time, one router per policy, {len(trace)} requests at {load:g}x the trace's "
         "load",
         file=sys.stderr,
     )
     live = parser.parse_args(
-        ["sweep", *common, "--sim-workers", str(WORKERS), "--speedup", repr(load * TIME_SCALE),
-         "--sim-time-scale", str(TIME_SCALE), "--prompt-mode", "text", "--out", str(out),
+        ["sweep", *common, "--sim-workers", str(WORKERS), "--speedup", repr(load * time_scale),
+         "--sim-time-scale", repr(time_scale), "--prompt-mode", "text", "--out", str(out),
          "--sim-worker-args", f"--kv-capacity-tokens {KV_TOKENS}"]
     )  # fmt: skip
     document, outcomes = sweep.run_sweep(sweep.select(trace, live), live)
@@ -195,10 +201,10 @@ def _main(args: argparse.Namespace) -> int:
         common = ["--trace", trace_path, "--policies", POLICIES, "--pacing", "session",
                   "--max-output-tokens", str(MAX_OUTPUT), *profile]  # fmt: skip
         if not args.offline:
-            _live(parser, trace, common, load, out / "live")
+            _live(parser, trace, common, load, out / "live", args.time_scale)
             if args.overloaded:
                 print(OVERLOADED, file=sys.stderr)
-                _live(parser, trace, common, 1.0, out / "live_overloaded")
+                _live(parser, trace, common, 1.0, out / "live_overloaded", args.time_scale)
             print("\noffline simulation of the same requests:", file=sys.stderr)
         offline = parser.parse_args(
             ["simulate", *common, *sized, "--speedup", repr(load), "--out", str(out / "offline")]
