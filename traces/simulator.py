@@ -1,9 +1,13 @@
 """The offline simulator: a trace through N worker models and a router, in virtual time.
 
-The router part is the live proxy's: the same pickers (``policies``), the same per-worker
-:class:`router.cache.worker_state.WorkerState` (block-hash LRU and radix shadows, load counters)
-and the same booking rules (book at dispatch, pending prefill released at the first token,
-everything released at completion). Only the clock and the workers are simulated: each
+The router part is the live router's own code, not a copy of it (:class:`Simulation`): the
+same pickers (``policies``), the same per-worker
+:class:`router.cache.worker_state.WorkerState` (block-hash LRU and radix shadows, load
+counters) sized by the pool's rule (:mod:`router.cache.sizing`), and the same decisions:
+:class:`router.fleet.placement.Placement` chooses, books (at dispatch), scores the reports,
+corrects the shadows' capacity while it is a guess and releases (pending prefill at the first
+token, everything at completion), and :class:`router.core.flow.FlowAdmission` admits with flow
+control. Only the clock and the workers are simulated: each
 worker is a :class:`traces.worker_model.WorkerModel` with a real radix KV cache, so the hit
 rate reported here is the workers' true one, and the shadow's error is measured against it.
 
