@@ -3,8 +3,10 @@
 One object (:class:`FlowControl`, the router core's ``flow`` with ``--flow-control``) that
 ``serve``'s forwarder and the endpoint picker both await between reading a request and
 picking its worker (:meth:`router.core.routing.RouterCore.flow_wait`); the order and the
-saturation test are the pure functions of :mod:`router.core.flow_queue`, which the offline
-simulator runs too.
+saturation test are the pure functions of :mod:`router.core.flow_queue`, and the admission
+rule below (go on, wait or be shed; the queue's head released) is :class:`FlowAdmission`'s,
+free of I/O and of the clock, which the offline simulator decides with too
+(:class:`traces.simulator.Simulation`, in virtual time).
 
 A request arrives (already admitted: in flight, ``max_inflight``):
 
