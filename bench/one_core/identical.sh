@@ -6,11 +6,12 @@
 #
 # BASE: the commit to compare against (default: the merge base with main); OUT: where both
 # sides' outputs go (default: out/one_core). Each configuration runs `cache-router simulate`
-# in a `git worktree` of BASE and in this working tree (PYTHONPATH set to each), then every
-# output file (results.json, results.md, the --requests-out JSONL) is compared byte for byte
-# after removing the wall-clock fields, and only those:
-#   results.json: "wall_seconds" (top level and per policy), "pick_us_p50", "pick_us_p99";
-#   results.md:   the "pick p99 µs" column.
+# (or, for the last ones, `cache-router capacity`: the capacity at an SLO, bisected over many
+# simulations) in a `git worktree` of BASE and in this working tree (PYTHONPATH set to each),
+# then every output file (results.json, results.md, the --requests-out JSONL; capacity.json,
+# capacity.md) is compared byte for byte after removing the wall-clock fields, and only those:
+#   *.json: "wall_seconds" (top level and per policy), "pick_us_p50", "pick_us_p99";
+#   *.md:   the "pick p99 µs" column.
 # (the requests-out JSONL has no wall-clock field.) Exit status 0 when every file is identical.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,7 +26,8 @@ trap 'git -C "$here" worktree remove --force "$tree" >/dev/null 2>&1 || true' EX
 
 conv=traces/data/conversation_sample.jsonl
 agentic=traces/data/weka_agentic_sample.jsonl
-# name | arguments (a trace path is relative to each checkout)
+# name | arguments of `simulate` (a trace path is relative to each checkout); a name that
+# starts with "capacity-": arguments of `capacity`
 configs=(
   "conv-policies|--trace $conv --max-requests 800 --workers 4 --policies ttft,lmetric,load_only,sticky,unified,capped,round_robin,llmd_precise,oracle"
   "agentic-policies|--trace $agentic --workers 4 --pacing session --policies ttft,lmetric,sticky,unified,capped,round_robin,llmd,dynamo"
@@ -37,6 +39,8 @@ configs=(
   "conv-radix-correct|--trace $conv --max-requests 800 --workers 4 --shadow radix --shadow-capacity-tokens 131072 --policies ttft,lmetric,unified,sglang_cache_aware"
   "agentic-h100|--trace $agentic --workers 4 --gpu-profile h100-llama8b --cost-profile h100-llama8b --policies ttft,llmd_precise,lmetric"
   "conv-kv-events|--trace $conv --max-requests 600 --workers 4 --kv-events --kv-event-loss 0.1 --policies llmd_precise,ttft"
+  "capacity-agentic4_15s|--trace $agentic --workers 4 --slo ttft_p90=15 --kv-capacity-tokens 1000000 --jobs 1 --policies ttft,lmetric,unified,sticky,llmd,llmd_precise,dynamo,round_robin"
+  "capacity-conv4|--trace $conv --workers 4 --slo ttft_p90=2 --kv-capacity-tokens 1000000 --jobs 1 --no-hit-gap --policies ttft,lmetric,sglang_cache_aware"
 )
 
 run_side() {  # side checkout name args...
@@ -44,8 +48,10 @@ run_side() {  # side checkout name args...
   shift 3
   local dir="$out/$side/$name"
   mkdir -p "$dir"
+  local command=(simulate "$@" --out "$dir" --no-plots --requests-out "$dir/requests.jsonl")
+  [[ $name != capacity-* ]] || command=(capacity "$@" --out "$dir" --no-plots)
   (cd "$checkout" && PYTHONPATH="$checkout" "$python" -c 'import sys; from router.cli import main; sys.exit(main())' \
-    simulate "$@" --out "$dir" --no-plots --requests-out "$dir/requests.jsonl" >"$dir.log" 2>&1) ||
+    "${command[@]}" >"$dir.log" 2>&1) ||
     { echo "FAILED: $side $name (see $dir.log)"; tail -5 "$dir.log"; return 1; }
 }
 
