@@ -308,6 +308,36 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
         clients.close()
     if cfg.progress:
         sys.stderr.write("\n")
+    return _outcome(
+        name, trace, wall, workers, before, after, errors, retried, lost_streaming,
+        arrival=arrival, sent=sent, first=first, finish=finish, out_tokens=out_tokens,
+        cached=cached, worker_of=worker_of, status=status, retry_after=retry_after,
+    )  # fmt: skip
+
+
+def _outcome(
+    name: str,
+    trace: Sequence[TraceRequest],
+    wall: float,
+    workers: list[str],
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    errors: list[str],
+    retried: int,
+    lost_streaming: int,
+    *,
+    arrival: np.ndarray,
+    sent: np.ndarray,
+    first: np.ndarray,
+    finish: np.ndarray,
+    out_tokens: np.ndarray,
+    cached: np.ndarray,
+    worker_of: list[str],
+    status: np.ndarray,
+    retry_after: np.ndarray,
+) -> ReplayOutcome:
+    """The replay's per-request records as a :class:`PolicyRun` (the requests answered) and
+    the outcome around it (errors, hit rates, send lag, who served each)."""
     ok = ~np.isnan(finish) & ~np.isnan(first)
     names = sorted({w for w in worker_of if w}) or ["?"]
     index = {w: k for k, w in enumerate(names)}

@@ -1,9 +1,13 @@
 """The offline simulator: a trace through N worker models and a router, in virtual time.
 
-The router part is the live proxy's: the same pickers (``policies``), the same per-worker
-:class:`router.cache.worker_state.WorkerState` (block-hash LRU and radix shadows, load counters)
-and the same booking rules (book at dispatch, pending prefill released at the first token,
-everything released at completion). Only the clock and the workers are simulated: each
+The router part is the live router's own code, not a copy of it (:class:`Simulation`): the
+same pickers (``policies``), the same per-worker
+:class:`router.cache.worker_state.WorkerState` (block-hash LRU and radix shadows, load
+counters) sized by the pool's rule (:mod:`router.cache.sizing`), and the same decisions:
+:class:`router.fleet.placement.Placement` chooses, books (at dispatch), scores the reports,
+corrects the shadows' capacity while it is a guess and releases (pending prefill at the first
+token, everything at completion), and :class:`router.core.flow.FlowAdmission` admits with flow
+control. Only the clock and the workers are simulated: each
 worker is a :class:`traces.worker_model.WorkerModel` with a real radix KV cache, so the hit
 rate reported here is the workers' true one, and the shadow's error is measured against it.
 
@@ -63,26 +67,25 @@ from policies.base import Picker, RequestFeatures, check_views
 from policies.registry import make_picker, picker_params
 from router.cache.block_hash import KEY_TOKENS, keys_as_tokens
 from router.cache.block_lru import BlockLRU
-from router.cache.cost_model import CostTerms, WorkerCost
+from router.cache.cost_model import CostTerms
 from router.cache.cost_profile import GpuProfile
-from router.cache.feedback import correct_shadow
 from router.cache.kv_index import KVEventFeed, KVIndex
 from router.cache.lora import AdapterSlots, under_adapter
-from router.cache.radix_tree import RadixTree
+from router.cache.sizing import cpu_blocks, new_worker_state
 from router.cache.worker_state import Booking, ShadowKind, WorkerState
-from router.cache.workload import PrefillRate
+from router.core.flow import PLACE, FlowAdmission
 from router.core.flow_queue import (
     DECODE_STEP_S,
     DECODE_TOKEN_S,
     DEFAULT_FLOW,
+    SHED,
     FlowQueue,
     Limits,
     QueueFull,
     StepCost,
     Waiting,
-    predicted_ttft,
-    saturated,
 )
+from router.fleet.placement import Placement
 from traces import kv_transfer
 from traces.miss_causes import FleetLedger
 from traces.pacing import Pacing, predecessors, release_time
@@ -436,28 +439,34 @@ def _pct(values: np.ndarray, q: float) -> float:
 def make_worker_states(
     config: SimConfig, count: int | None = None, prefix: str = "sim"
 ) -> list[WorkerState]:
-    """The router's view of the simulated fleet, shadows sized to the workers' KV cache
-    (``count`` workers named ``{prefix}-{i}``; default ``config.workers``)."""
+    """The router's view of the simulated fleet, shadows sized to the workers' KV cache by the
+    router's own rule (:func:`router.cache.sizing.new_worker_state`, as ``serve``'s pool;
+    the radix tree holds each block as ``KEY_TOKENS`` key tokens) (``count`` workers named
+    ``{prefix}-{i}``; default ``config.workers``)."""
     capacity = config.shadow_capacity_tokens or config.worker.kv_capacity_tokens
-    blocks = capacity // BLOCK_TOKENS
     worker = config.worker
     tiered = worker.cpu_kv_capacity_tokens > 0 and config.router_tiers == "on"
     terms = config.cost_terms()
-    return [
-        WorkerState(
-            name=f"{prefix}-{i}",
-            blocks=BlockLRU(blocks, BLOCK_TOKENS),
-            radix=RadixTree(capacity_tokens=KEY_TOKENS * blocks, page_size=KEY_TOKENS),
+    states = []
+    for i in range(config.workers if count is None else count):
+        state = new_worker_state(
+            f"{prefix}-{i}",
+            capacity,
+            BLOCK_TOKENS,
             shadow=config.shadow,
-            radix_token_weight=BLOCK_TOKENS // KEY_TOKENS,
-            rate=PrefillRate(worker.prefill_tokens_per_s),
-            cost=WorkerCost(terms),
+            prefill_tokens_per_s=worker.prefill_tokens_per_s,
+            cost_terms=terms,
+            radix_key_tokens=KEY_TOKENS,
             adapters=AdapterSlots(worker.max_loras),
-            cpu=BlockLRU(worker.cpu_capacity_blocks, BLOCK_TOKENS) if tiered else None,
-            kv_load_s_per_token=worker.load_s(1) if worker.cpu_kv_capacity_tokens else 0.0,
         )
-        for i in range(config.workers if count is None else count)
-    ]
+        if tiered:
+            state.cpu = BlockLRU(
+                cpu_blocks(worker.cpu_kv_capacity_tokens, BLOCK_TOKENS), BLOCK_TOKENS
+            )
+        if worker.cpu_kv_capacity_tokens:
+            state.kv_load_s_per_token = worker.load_s(1)
+        states.append(state)
+    return states
 
 
 def read_exactly(state: WorkerState, model: WorkerModel) -> None:
@@ -481,362 +490,522 @@ def simulate(
 ) -> PolicyRun:
     """Run ``trace`` through ``picker`` and ``config.workers`` worker models (or, for a
     disaggregated fleet, ``picker`` over the prefill workers and ``config.decode_policy``
-    over the decode workers)."""
-    config = config or SimConfig()
-    name = name or picker.name
-    n = len(trace)
-    disaggregated = config.disaggregated
-    out = {k: np.zeros(n) for k in ("arrival", "first_token", "finish", "estimated", "pick_us")}
-    cached = np.zeros(n, dtype=np.int64)
-    cpu_cached = np.zeros(n, dtype=np.int64)
-    cpu_estimated = np.zeros(n)
-    chosen = np.zeros(n, dtype=np.int64)
-    if disaggregated:
-        states = make_worker_states(config, config.prefill_workers, "prefill")
-        decode_states = make_worker_states(config, config.decode_workers, "decode")
-    else:
-        states = make_worker_states(config)
-        decode_states = []
-    all_states = states + decode_states  # prefill (or all) workers first, then decode ones
-    # the shadows' configured sizes, the bounds of the capacity correction
-    capacity_blocks = states[0].blocks.capacity_blocks if states else 0
-    radix_capacity = states[0].radix.capacity_tokens if states else 0
-    correcting = config.correct_shadow
-    if correcting is None:
-        correcting = config.shadow_capacity_tokens is not None
-    bookings: list[Booking | None] = [None] * n
-    branches: dict[str, int] = {}
+    over the decode workers): :meth:`Simulation.run`."""
+    return Simulation(trace, picker, config, name, progress).run()
 
-    def on_first_token(req: SimRequest, now: float) -> None:
-        i = req.tag
-        out["first_token"][i] = now
-        cached[i] = req.cached_tokens
-        cpu_cached[i] = req.cpu_cached_tokens
-        booking = bookings[i]
-        booking.first_token(now)
-        booking.report_cached(req.cached_tokens, req.cpu_cached_tokens)
 
-    def on_finish(req: SimRequest, now: float) -> None:
-        i = req.tag
-        out["finish"][i] = now
-        booking = bookings[i]
-        if correcting:  # the proxy corrects when the usage arrives, at the end
-            correct_shadow(booking, req.cached_tokens, capacity_blocks, radix_capacity)
-        booking.finish()
-        bookings[i] = None
-        release_next(i, now)
+class Simulation:
+    """One policy over one trace, in virtual time: a front end of the router's own core.
 
-    def release_next(i: int, now: float) -> None:
-        after = successor[i]
-        if after >= 0:  # session pacing: the session's next turn can now be sent
-            heapq.heappush(arrivals, (release_time(trace[after], config.speedup, now), after))
+    The router's decisions are the live router's objects: a
+    :class:`router.fleet.placement.Placement` chooses (the picker's pick, its branch
+    counted), books, scores the workers' reports (correcting the shadows' capacity while it
+    is a guess) and releases, on the :class:`WorkerState` s that
+    :func:`make_worker_states` sizes by ``serve``'s rule; with flow control a
+    :class:`router.core.flow.FlowAdmission` decides whether a request goes on, waits or is
+    shed, and when the queue's head goes. What is simulated is the clock and the workers
+    (:class:`traces.worker_model.WorkerModel`): the events are a heap of the models' next
+    steps, the requests' sends (open loop or session pacing), the KV transfers of a
+    disaggregated fleet and the KV event batches of precise mode. :meth:`run` returns the
+    :class:`PolicyRun`.
+    """
 
-    def on_prefilled(req: SimRequest, now: float) -> None:
-        # the prefill worker's part ends at its first token (its one output token): the
-        # usage arrives, the prefill booking is released, the decode side takes over
-        i = req.tag
-        cached[i] = req.cached_tokens
-        booking = bookings[i]
-        booking.first_token(now)
-        booking.report_cached(req.cached_tokens)
-        if correcting:
-            correct_shadow(booking, req.cached_tokens, capacity_blocks, radix_capacity)
-        booking.finish()
-        bookings[i] = None
-        disagg.prefilled(req, now)
+    def __init__(
+        self,
+        trace: Sequence[TraceRequest],
+        picker: Picker,
+        config: SimConfig | None = None,
+        name: str | None = None,
+        progress: bool = False,
+    ) -> None:
+        self.config = config = config or SimConfig()
+        self.trace = trace
+        self.picker = picker
+        self.name = name or picker.name
+        self.progress = progress
+        self.n = n = len(trace)
+        # per-request outcomes
+        self.out = {
+            k: np.zeros(n) for k in ("arrival", "first_token", "finish", "estimated", "pick_us")
+        }
+        self.cached = np.zeros(n, dtype=np.int64)
+        self.cpu_cached = np.zeros(n, dtype=np.int64)
+        self.cpu_estimated = np.zeros(n)
+        self.chosen = np.zeros(n, dtype=np.int64)
+        self.est_blocks = np.zeros(n)
+        self.est_radix = np.full(n, np.nan)
+        self.est_kv = np.full(n, np.nan)
+        self.predicted = np.full(n, np.nan)
+        self.sent_at = np.zeros(n)
+        self.rejected = np.zeros(n, dtype=bool)
+        context = config.context_tokens
+        self.too_long = np.fromiter(
+            (r.context_tokens > context for r in trace), dtype=bool, count=n
+        )
+        self.bookings: list[Booking | None] = [None] * n
+        self.sent = 0
+        # the router: its states, its decisions
+        self.branches: dict[str, int] = {}
+        self.placement = Placement(self.branches)
+        self._make_fleet()
+        self.views = self._picker_views()
+        self.flow = self._make_flow()
+        self._make_clock()
 
-    def on_decode_first_token(req: SimRequest, now: float) -> None:
-        out["first_token"][req.tag] = now
-        disagg.decoded(req.tag, now, first_token=True)
+    # ---- setup ---------------------------------------------------------------------------
 
-    def on_decode_finish(req: SimRequest, now: float) -> None:
-        out["finish"][req.tag] = now
-        disagg.decoded(req.tag, now, first_token=False)
-        release_next(req.tag, now)
+    def _make_fleet(self) -> None:
+        """The router's states and the worker models (prefill or all workers first)."""
+        config = self.config
+        if config.disaggregated:
+            self.states = make_worker_states(config, config.prefill_workers, "prefill")
+            self.decode_states = make_worker_states(config, config.decode_workers, "decode")
+        else:
+            self.states = make_worker_states(config)
+            self.decode_states = []
+        self.all_states = self.states + self.decode_states
+        states = self.states
+        # the shadows' configured sizes, the bounds of the capacity correction
+        self.capacity_blocks = states[0].blocks.capacity_blocks if states else 0
+        self.radix_capacity = states[0].radix.capacity_tokens if states else 0
+        correcting = config.correct_shadow
+        if correcting is None:  # as the proxy: while the capacity is a guess
+            correcting = config.shadow_capacity_tokens is not None
+        self.correcting = correcting
+        events = config.kv_events
+        if not config.disaggregated:
+            self.disagg = None
+            self.models = [
+                WorkerModel(config.worker, self._first_token, self._finished, events=events)
+                for _ in states
+            ]
+        else:
+            self.disagg = disagg = _Disaggregated(config, self.trace, self.decode_states)
+            self.models = [
+                WorkerModel(config.worker, self._prefilled, _ignore, events=events) for _ in states
+            ]
+            disagg.offset = len(self.models)
+            disagg.decode_models = [
+                WorkerModel(
+                    config.worker, self._decode_first_token, self._decode_finished, events=events
+                )
+                for _ in self.decode_states
+            ]
+            self.models += disagg.decode_models
+        self.ledger = (
+            FleetLedger(self.trace, self.models)
+            if config.hit_gap and not config.disaggregated
+            else None
+        )
+        if config.router_tiers == "exact":
+            for state, model in zip(self.all_states, self.models, strict=True):
+                read_exactly(state, model)
+        self.events = _EventLink(self.all_states, config) if config.kv_events else None
 
-    disagg = _Disaggregated(config, trace, decode_states) if disaggregated else None
-    if disagg is None:
-        models = [
-            WorkerModel(config.worker, on_first_token, on_finish, events=config.kv_events)
-            for _ in states
+    def _picker_views(self) -> Sequence:
+        """What the picker sees: the states; a reference picker (traces/oracle.py) reads the
+        models' truth instead."""
+        picker, states = self.picker, self.states
+        truth_views = getattr(picker, "truth_views", None)
+        views = (
+            truth_views(states, self.models[: len(states)]) if truth_views is not None else states
+        )
+        check_views(picker, views)
+        return views
+
+    def _views_for(self, model: str | None) -> Sequence:
+        """The views for a request naming ``model`` (every simulated worker serves every
+        model: the base model and, as LoRA adapters, the others)."""
+        return self.views
+
+    def _make_flow(self) -> FlowAdmission | None:
+        """Flow control's admission, the live router's rule (:mod:`router.core.flow`)."""
+        config = self.config
+        if not config.flow_control:
+            return None
+        return FlowAdmission(
+            FlowQueue(Limits(config.flow_queue_max, 0, config.flow_queue_ttl_s)),
+            self._views_for,
+            config.worker.prefill_tokens_per_s,
+            config.flow_target_ttft_s,
+            cost=StepCost(config.flow_decode_step_s, config.flow_decode_token_s),
+        )
+
+    def _make_clock(self) -> None:
+        """The event queues: model steps, sends (pacing), KV transfers, bodies read, and the
+        in-flight samples."""
+        config, trace, n = self.config, self.trace, self.n
+        self.wakeups: list[tuple[float, int, int]] = []  # (time, worker, version)
+        # requests due to be sent, (time, index): all of them at their arrival in open loop;
+        # in session pacing a turn enters when its session's previous turn finishes
+        previous = predecessors(trace, config.pacing)
+        self.successor = successor = [-1] * n
+        for j, p in enumerate(previous):
+            if p >= 0:
+                successor[p] = j
+        self.arrivals = [
+            (trace[j].arrival / config.speedup, j) for j in range(n) if previous[j] < 0
         ]
-    else:
-        models = [
-            WorkerModel(config.worker, on_prefilled, _ignore, events=config.kv_events)
-            for _ in states
-        ]
-        disagg.offset = len(models)
-        disagg.decode_models = [
-            WorkerModel(
-                config.worker, on_decode_first_token, on_decode_finish, events=config.kv_events
-            )
-            for _ in decode_states
-        ]
-        models += disagg.decode_models
-    ledger = FleetLedger(trace, models) if config.hit_gap and disagg is None else None
-    if config.router_tiers == "exact":
-        for state, model in zip(all_states, models, strict=True):
-            read_exactly(state, model)
-    events = _EventLink(all_states, config) if config.kv_events else None
-    # a reference picker (traces/oracle.py) reads the models' truth instead of the shadows
-    truth_views = getattr(picker, "truth_views", None)
-    views = truth_views(states, models[: len(states)]) if truth_views is not None else states
-    check_views(picker, views)
-    wakeups: list[tuple[float, int, int]] = []  # (time, worker, version)
-    # requests due to be sent, (time, index): all of them at their arrival in open loop; in
-    # session pacing a turn enters when its session's previous turn finishes
-    previous = predecessors(trace, config.pacing)
-    successor = [-1] * n
-    for j, p in enumerate(previous):
-        if p >= 0:
-            successor[p] = j
-    arrivals = [(trace[j].arrival / config.speedup, j) for j in range(n) if previous[j] < 0]
-    heapq.heapify(arrivals)
-    # disaggregated: KV transfers under way, (done, index); empty otherwise
-    transfers: list[tuple[float, int]] = disagg.transfers if disagg is not None else []
-    sent = 0
+        heapq.heapify(self.arrivals)
+        # disaggregated: KV transfers under way, (done, index); empty otherwise
+        self.transfers: list[tuple[float, int]] = (
+            self.disagg.transfers if self.disagg is not None else []
+        )
+        self.ingest = None
+        if config.ingest_bytes_per_s > 0:
+            self.ingest = Ingest(config.ingest_bytes_per_s, config.ingest_window_bytes)
+        # the recorded span (a session-paced run that falls behind goes on past its last
+        # sample)
+        span = (trace[-1].arrival / config.speedup) if n else 0.0
+        self.sample_times = np.linspace(0.0, span, config.samples) if n else np.zeros(0)
+        self.inflight = np.zeros((len(self.sample_times), len(self.all_states)), dtype=np.int32)
+        self.next_sample = 0
 
-    def schedule(w: int) -> None:
-        model = models[w]
-        if model.next_event is not None:
-            heapq.heappush(wakeups, (model.next_event, w, model.version))
+    # ---- the run -------------------------------------------------------------------------
 
-    def place(i: int, features: RequestFeatures, adapter: str | None, arrival: float) -> None:
-        """Pick, book and submit request ``i`` at ``arrival`` (its send, or its release from
-        the flow-control queue)."""
-        nonlocal sent
-        req = trace[i]
-        t0 = time.perf_counter_ns()
-        pick = picker.pick(features, views)
-        out["pick_us"][i] = (time.perf_counter_ns() - t0) / 1000
-        branches[pick.branch] = branches.get(pick.branch, 0) + 1
-        state = states[pick.worker]
-        # a prefill worker's request is the prompt and one output token
-        expected = 1 if disagg is not None else req.output_length
-        booking = state.book(features, expected_output_tokens=expected, now=arrival)
-        bookings[i] = booking
-        if disagg is None and booking.cost_entry is not None:
-            predicted[i] = arrival - sent_at[i] + booking.cost_entry.predicted_s
-        # the active GPU estimate (the KV index's when it answered), split by tier
-        out["estimated"][i] = booking.gpu_estimate + booking.cpu_estimate
-        cpu_estimated[i] = cpu = booking.cpu_estimate  # each shadow's, with the CPU tier's
-        est_blocks[i] = booking.blocks_estimate + cpu
-        if booking.radix_estimate is not None:
-            est_radix[i] = booking.radix_estimate + cpu
-        if booking.kv_estimate is not None:
-            est_kv[i] = booking.gpu_estimate + cpu
-        out["arrival"][i] = sent_at[i]  # TTFT counts from the client's send
-        chosen[i] = pick.worker
-        output = 1 if disagg is not None else max(1, req.output_length)
-        sim_req = SimRequest(req.blocks, req.input_length, output, tag=i, adapter=adapter)
-        if disagg is not None:
-            disagg.features[i] = features
-        models[pick.worker].submit(sim_req, arrival)
-        if views is not states:
-            views[pick.worker].queue(sim_req)
-        schedule(pick.worker)
-        sent += 1
+    def run(self) -> PolicyRun:
+        """Every request sent, placed (or refused) and answered; the outcomes."""
+        started = time.perf_counter()
+        while self._busy():
+            self._step()
+        if self.progress:
+            sys.stderr.write("\n")
+        leaked = [s.name for s in self.all_states if s.num_requests or s.pending_prefill_tokens]
+        if leaked:  # every booking must have been released by its worker model
+            raise RuntimeError(f"simulation ended with bookings held on {leaked}")
+        return self._result(time.perf_counter() - started)
 
-    flow = None
-    rejected = np.zeros(n, dtype=bool)
-    context = config.context_tokens
-    too_long = np.fromiter((r.context_tokens > context for r in trace), dtype=bool, count=n)
-    if config.flow_control:
-        flow = FlowQueue(Limits(config.flow_queue_max, 0, config.flow_queue_ttl_s))
-    default_rate = config.worker.prefill_tokens_per_s
-    step_cost = StepCost(config.flow_decode_step_s, config.flow_decode_token_s)
+    def _busy(self) -> bool:
+        return bool(
+            self.arrivals
+            or self.wakeups
+            or self.transfers
+            or (self.events is not None and self.events.deliveries)
+            or self.ingest
+            or (self.flow is not None and len(self.flow.queue))
+        )
 
-    def full(features: RequestFeatures, now: float) -> bool:
-        prediction = predicted_ttft(features, views, default_rate, now, cost=step_cost)
-        return saturated(prediction, config.flow_target_ttft_s)
-
-    def refuse(i: int, now: float) -> None:
-        rejected[i] = True
-        out["arrival"][i] = sent_at[i]
-        out["first_token"][i] = np.nan
-        out["finish"][i] = now
-        release_next(i, now)
-
-    def admit(i: int, features: RequestFeatures, adapter: str | None, now: float) -> None:
-        """The live router's flow control (router/core/flow.py) in virtual time."""
-        req = trace[i]
-        band, tenant = req.priority, req.tenant or DEFAULT_FLOW
-        saturated_now = full(features, now)
-        if not saturated_now and not flow.ahead_of(band):
-            place(i, features, adapter, now)
+    def _step(self) -> None:
+        """The next event: a KV event batch delivered, a KV transfer done, a model's step,
+        or a request reaching the router."""
+        events = self.events
+        if self.flow is not None and not (
+            self.arrivals or self.wakeups or self.transfers or self.ingest
+        ):
+            self._queue_only()
             return
-        if saturated_now and band < 0:
-            refuse(i, now)
-            return
-        item = Waiting(band, tenant, req.input_length, 0, now, payload=(i, features, adapter))
-        try:
-            flow.push(item)
-        except QueueFull:
-            refuse(i, now)
-
-    def drain(now: float) -> None:
-        """Release the queue's heads while the fleet is not saturated for them."""
-        for item in flow.expired(now):
-            refuse(item.payload[0], now)
-        while (head := flow.head()) is not None:
-            i, features, adapter = head.payload
-            if full(features, now):
-                return
-            flow.pop()
-            place(i, features, adapter, now)
-
-    # the recorded span (a session-paced run that falls behind goes on past its last sample)
-    span = (trace[-1].arrival / config.speedup) if n else 0.0
-    sample_times = np.linspace(0.0, span, config.samples) if n else np.zeros(0)
-    inflight = np.zeros((len(sample_times), len(all_states)), dtype=np.int32)
-    next_sample = 0
-    radix = config.shadow == "radix"
-    est_blocks = np.zeros(n)
-    est_radix = np.full(n, np.nan)
-    est_kv = np.full(n, np.nan)
-    predicted = np.full(n, np.nan)
-    started = time.perf_counter()
-    ingest = None
-    if config.ingest_bytes_per_s > 0:
-        ingest = Ingest(config.ingest_bytes_per_s, config.ingest_window_bytes)
-    sent_at = np.zeros(n)
-    while (
-        arrivals
-        or wakeups
-        or transfers
-        or (events is not None and events.deliveries)
-        or ingest
-        or (flow is not None and len(flow))
-    ):
-        if flow is not None and not (arrivals or wakeups or transfers or ingest):
-            # only the queue is left, the fleet idle: its head goes (never saturated then)
-            if events is not None and events.deliveries:
-                events.deliver()
-                continue
-            now = max(float(np.nanmax(out["finish"])), 0.0) if sent else 0.0
-            before = len(flow)
-            drain(now)
-            if len(flow) == before:  # (a guard: the head goes all the same)
-                head = flow.pop()
-                place(*head.payload, now)
-            continue
-        arrival = arrivals[0][0] if arrivals else float("inf")
-        if ingest is not None:  # the next send, or the next body read whole
-            arrival = min(arrival, ingest.next_done())
-        wakeup = wakeups[0][0] if wakeups else float("inf")
+        arrival = self.arrivals[0][0] if self.arrivals else float("inf")
+        if self.ingest is not None:  # the next send, or the next body read whole
+            arrival = min(arrival, self.ingest.next_done())
+        wakeup = self.wakeups[0][0] if self.wakeups else float("inf")
+        transfers = self.transfers
         if transfers:
             wakeup = min(wakeup, transfers[0][0])
         if events is not None and events.due(wakeup, arrival):
             events.deliver()
-            continue
-        if transfers and transfers[0][0] <= arrival and transfers[0][0] <= wakeup:
+        elif transfers and transfers[0][0] <= arrival and transfers[0][0] <= wakeup:
             when, i = heapq.heappop(transfers)
             if events is not None:
                 events.clock[0] = when
-            schedule(disagg.transferred(i, when))
-            continue
-        if wakeups and wakeups[0][0] <= arrival:
-            when, w, version = heapq.heappop(wakeups)
-            if version == models[w].version:
-                if events is not None:
-                    events.clock[0] = when
-                models[w].advance(when)
-                if events is not None:
-                    events.publish(w, models[w].take_events(), when)
-                schedule(w)
-                if flow is not None and len(flow):
-                    drain(when)
-            continue
-        if events is not None:
-            events.clock[0] = arrival
-        while next_sample < len(sample_times) and sample_times[next_sample] <= arrival:
-            inflight[next_sample] = [s.num_requests for s in all_states]
-            next_sample += 1
-        if ingest is not None:  # a request reaches the picker when its body is read
-            if arrivals and arrivals[0][0] <= arrival:
-                _, i = heapq.heappop(arrivals)
-                sent_at[i] = arrival
-                body = trace[i].input_length * config.body_bytes_per_token
-                if not ingest.admit(i, body, arrival):  # else it is in at once, in send order
-                    continue
-            else:
-                arrival, i = ingest.pop()
+            self._schedule(self.disagg.transferred(i, when))
+        elif self.wakeups and self.wakeups[0][0] <= arrival:
+            self._wake()
         else:
-            _, i = heapq.heappop(arrivals)
-            sent_at[i] = arrival
-        if too_long[i]:  # the engine's 400: answered at once, nothing booked
-            refuse(i, arrival)
-            continue
-        req = trace[i]
+            self._arrive(arrival)
+
+    def _queue_only(self) -> None:
+        """Only flow control's queue is left, the fleet idle: its head goes (never saturated
+        then)."""
+        events, queue = self.events, self.flow.queue
+        if events is not None and events.deliveries:
+            events.deliver()
+            return
+        now = max(float(np.nanmax(self.out["finish"])), 0.0) if self.sent else 0.0
+        before = len(queue)
+        self._drain(now)
+        if len(queue) == before:  # (a guard: the head goes all the same)
+            head = queue.pop()
+            self._place(*head.payload, now)
+
+    def _wake(self) -> None:
+        """A worker model's next step."""
+        when, w, version = heapq.heappop(self.wakeups)
+        model = self.models[w]
+        if version != model.version:
+            return
+        events = self.events
+        if events is not None:
+            events.clock[0] = when
+        model.advance(when)
+        if events is not None:
+            events.publish(w, model.take_events(), when)
+        self._schedule(w)
+        if self.flow is not None and len(self.flow.queue):
+            self._drain(when)
+
+    def _schedule(self, w: int) -> None:
+        model = self.models[w]
+        if model.next_event is not None:
+            heapq.heappush(self.wakeups, (model.next_event, w, model.version))
+
+    def _arrive(self, arrival: float) -> None:
+        """A request is sent (or its body read whole): refused, admitted or placed."""
+        if self.events is not None:
+            self.events.clock[0] = arrival
+        while (
+            self.next_sample < len(self.sample_times)
+            and self.sample_times[self.next_sample] <= arrival
+        ):
+            self.inflight[self.next_sample] = [s.num_requests for s in self.all_states]
+            self.next_sample += 1
+        taken = self._take(arrival)
+        if taken is None:
+            return
+        arrival, i = taken
+        if self.too_long[i]:  # the engine's 400: answered at once, nothing booked
+            self._refuse(i, arrival)
+            return
+        features, adapter = self._features(i, arrival)
+        if self.flow is None:
+            self._place(i, features, adapter, arrival)
+        else:
+            self._admit(i, features, adapter, arrival)
+            if len(self.flow.queue):
+                self._drain(arrival)
+        sent, n = self.sent, self.n
+        if self.progress and (sent % 500 == 0 or sent == n):
+            sys.stderr.write(f"\r  {self.name:<20} {sent:>7}/{n} requests")
+            sys.stderr.flush()
+
+    def _take(self, arrival: float) -> tuple[float, int] | None:
+        """The request that reaches the picker at ``arrival``: the next sent, or with the
+        router's reading of bodies the next read whole (None: a body still being read)."""
+        ingest = self.ingest
+        if ingest is None:
+            _, i = heapq.heappop(self.arrivals)
+            self.sent_at[i] = arrival
+            return arrival, i
+        if self.arrivals and self.arrivals[0][0] <= arrival:
+            _, i = heapq.heappop(self.arrivals)
+            self.sent_at[i] = arrival
+            body = self.trace[i].input_length * self.config.body_bytes_per_token
+            if not ingest.admit(i, body, arrival):  # else it is in at once, in send order
+                return None
+            return arrival, i
+        return ingest.pop()
+
+    def _features(self, i: int, arrival: float) -> tuple[RequestFeatures, str | None]:
+        """Request ``i`` as the router reads it, and the LoRA adapter it runs under."""
+        req, config = self.trace[i], self.config
         features = RequestFeatures(
             blocks=req.blocks,
             input_length=req.input_length,
             session_id=req.session_id,
-            tokens=keys_as_tokens(req.blocks) if radix or events is not None else None,
+            tokens=keys_as_tokens(req.blocks)
+            if config.shadow == "radix" or self.events is not None
+            else None,
             model=req.model,
             arrival=arrival,
         )
         adapter = req.model if req.model not in (None, config.base_model) else None
         if adapter is not None:
             features = under_adapter(features, adapter)
-        if flow is None:
-            place(i, features, adapter, arrival)
-        else:
-            admit(i, features, adapter, arrival)
-            if len(flow):
-                drain(arrival)
-        if progress and (sent % 500 == 0 or sent == n):
-            sys.stderr.write(f"\r  {name:<20} {sent:>7}/{n} requests")
-            sys.stderr.flush()
-    if progress:
-        sys.stderr.write("\n")
-    leaked = [s.name for s in all_states if s.num_requests or s.pending_prefill_tokens]
-    if leaked:  # every booking must have been released by its worker model
-        raise RuntimeError(f"simulation ended with bookings held on {leaked}")
-    run = PolicyRun(
-        name=name,
-        requests=n,
-        worker=chosen,
-        arrival=out["arrival"],
-        first_token=out["first_token"],
-        finish=out["finish"],
-        output_length=np.array([max(1, r.output_length) for r in trace]),
-        input_length=np.array([r.input_length for r in trace]),
-        cached=cached,
-        estimated=out["estimated"],
-        pick_us=out["pick_us"],
-        branches=branches,
-        inflight_t=sample_times,
-        inflight=inflight,
-        wall_seconds=time.perf_counter() - started,
-        estimates={
-            k: v
-            for k, v in (("blocks", est_blocks), ("radix", est_radix), ("kv", est_kv))
-            if not np.isnan(v).all()
-        },
-        lora_swaps=sum(m.stats.lora_swaps for m in models),
-        slo_ttft_s=config.slo_ttft_s,
-    )
-    if ledger is not None:
-        run.block_states = ledger.states
-    if config.worker.cpu_kv_capacity_tokens > 0:
-        run.cpu_cached, run.cpu_estimated = cpu_cached, cpu_estimated
-    if too_long.any():
-        run.too_long = too_long
-    if disagg is None:
-        run.predicted_ttft = predicted
-    if flow is not None or too_long.any() or any(r.priority or r.tenant is not None for r in trace):
-        run.rejected = rejected
-        run.priority = np.array([r.priority for r in trace], dtype=np.int64)
-        run.tenant = np.array([r.tenant or DEFAULT_FLOW for r in trace])
-    if disagg is not None:
-        run.prefill_workers, run.decode_workers = len(states), len(decode_states)
-        run.decode_worker = disagg.decode_worker
-        run.prefill_done = disagg.prefill_done
-        run.transfer_s = disagg.transfer_s
-        run.transferred = disagg.transferred_tokens
-        run.decode_branches = disagg.branches
-    return run
+        return features, adapter
+
+    # ---- the router's decisions ----------------------------------------------------------
+
+    def _admit(self, i: int, features: RequestFeatures, adapter: str | None, now: float) -> None:
+        """Flow control's admission (:meth:`FlowAdmission.decide`): placed, shed or queued."""
+        req = self.trace[i]
+        band, tenant = req.priority, req.tenant or DEFAULT_FLOW
+        decision = self.flow.decide(features, band, now)
+        if decision == PLACE:
+            self._place(i, features, adapter, now)
+            return
+        if decision == SHED:
+            self._refuse(i, now)
+            return
+        item = Waiting(band, tenant, req.input_length, 0, now, payload=(i, features, adapter))
+        try:
+            self.flow.queue.push(item)
+        except QueueFull:
+            self._refuse(i, now)
+
+    def _drain(self, now: float) -> None:
+        """The queue's expired requests refused; its heads placed while the fleet is not
+        saturated for them (:meth:`FlowAdmission.release`)."""
+        flow = self.flow
+        for item in flow.queue.expired(now):
+            self._refuse(item.payload[0], now)
+        while (item := flow.release(now, _queued_features)) is not None:
+            self._place(*item.payload, now)
+
+    def _place(
+        self, i: int, features: RequestFeatures, adapter: str | None, arrival: float
+    ) -> None:
+        """Choose, book and submit request ``i`` at ``arrival`` (its send, or its release
+        from the flow-control queue)."""
+        req, disagg = self.trace[i], self.disagg
+        t0 = time.perf_counter_ns()
+        pick = self.placement.choose(self.picker, features, self.views)
+        self.out["pick_us"][i] = (time.perf_counter_ns() - t0) / 1000
+        # a prefill worker's request is the prompt and one output token
+        expected = 1 if disagg is not None else req.output_length
+        booking = self.placement.book(self.states[pick.worker], features, expected, now=arrival)
+        self.bookings[i] = booking
+        self._record_estimates(i, booking, arrival)
+        self.out["arrival"][i] = self.sent_at[i]  # TTFT counts from the client's send
+        self.chosen[i] = pick.worker
+        output = 1 if disagg is not None else max(1, req.output_length)
+        sim_req = SimRequest(req.blocks, req.input_length, output, tag=i, adapter=adapter)
+        if disagg is not None:
+            disagg.features[i] = features
+        self.models[pick.worker].submit(sim_req, arrival)
+        if self.views is not self.states:
+            self.views[pick.worker].queue(sim_req)
+        self._schedule(pick.worker)
+        self.sent += 1
+
+    def _record_estimates(self, i: int, booking: Booking, arrival: float) -> None:
+        """The estimates request ``i`` was booked on, and the predicted TTFT."""
+        if self.disagg is None and booking.cost_entry is not None:
+            self.predicted[i] = arrival - self.sent_at[i] + booking.cost_entry.predicted_s
+        # the active GPU estimate (the KV index's when it answered), split by tier
+        self.out["estimated"][i] = booking.gpu_estimate + booking.cpu_estimate
+        self.cpu_estimated[i] = cpu = booking.cpu_estimate  # each shadow's, with the CPU tier's
+        self.est_blocks[i] = booking.blocks_estimate + cpu
+        if booking.radix_estimate is not None:
+            self.est_radix[i] = booking.radix_estimate + cpu
+        if booking.kv_estimate is not None:
+            self.est_kv[i] = booking.gpu_estimate + cpu
+
+    def _refuse(self, i: int, now: float) -> None:
+        """Request ``i`` refused (flow control's 429, or the engine's 400)."""
+        self.rejected[i] = True
+        self.out["arrival"][i] = self.sent_at[i]
+        self.out["first_token"][i] = np.nan
+        self.out["finish"][i] = now
+        self._release_next(i, now)
+
+    def _release_next(self, i: int, now: float) -> None:
+        after = self.successor[i]
+        if after >= 0:  # session pacing: the session's next turn can now be sent
+            when = release_time(self.trace[after], self.config.speedup, now)
+            heapq.heappush(self.arrivals, (when, after))
+
+    # ---- the workers' answers ------------------------------------------------------------
+
+    def _correct(self, booking: Booking, req: SimRequest) -> None:
+        """The proxy's capacity correction, when the usage arrives (at the end), while the
+        shadows' capacity is a guess."""
+        if self.correcting:
+            self.placement.correct(
+                booking, req.cached_tokens, self.capacity_blocks, self.radix_capacity
+            )
+
+    def _first_token(self, req: SimRequest, now: float) -> None:
+        i = req.tag
+        self.out["first_token"][i] = now
+        self.cached[i] = req.cached_tokens
+        self.cpu_cached[i] = req.cpu_cached_tokens
+        booking = self.bookings[i]
+        self.placement.first_token(booking, now)
+        self.placement.report(booking, req.cached_tokens, req.cpu_cached_tokens)
+
+    def _finished(self, req: SimRequest, now: float) -> None:
+        i = req.tag
+        self.out["finish"][i] = now
+        booking = self.bookings[i]
+        self._correct(booking, req)
+        self.placement.release(booking)
+        self.bookings[i] = None
+        self._release_next(i, now)
+
+    def _prefilled(self, req: SimRequest, now: float) -> None:
+        """The prefill worker's part ends at its first token (its one output token): the
+        usage arrives, the prefill booking is released, the decode side takes over."""
+        i = req.tag
+        self.cached[i] = req.cached_tokens
+        booking = self.bookings[i]
+        self.placement.first_token(booking, now)
+        self.placement.report(booking, req.cached_tokens)
+        self._correct(booking, req)
+        self.placement.release(booking)
+        self.bookings[i] = None
+        self.disagg.prefilled(req, now)
+
+    def _decode_first_token(self, req: SimRequest, now: float) -> None:
+        self.out["first_token"][req.tag] = now
+        self.disagg.decoded(req.tag, now, first_token=True)
+
+    def _decode_finished(self, req: SimRequest, now: float) -> None:
+        self.out["finish"][req.tag] = now
+        self.disagg.decoded(req.tag, now, first_token=False)
+        self._release_next(req.tag, now)
+
+    # ---- the outcome ---------------------------------------------------------------------
+
+    def _result(self, wall_seconds: float) -> PolicyRun:
+        trace, out, config = self.trace, self.out, self.config
+        run = PolicyRun(
+            name=self.name,
+            requests=self.n,
+            worker=self.chosen,
+            arrival=out["arrival"],
+            first_token=out["first_token"],
+            finish=out["finish"],
+            output_length=np.array([max(1, r.output_length) for r in trace]),
+            input_length=np.array([r.input_length for r in trace]),
+            cached=self.cached,
+            estimated=out["estimated"],
+            pick_us=out["pick_us"],
+            branches=self.branches,
+            inflight_t=self.sample_times,
+            inflight=self.inflight,
+            wall_seconds=wall_seconds,
+            estimates={
+                k: v
+                for k, v in (
+                    ("blocks", self.est_blocks),
+                    ("radix", self.est_radix),
+                    ("kv", self.est_kv),
+                )
+                if not np.isnan(v).all()
+            },
+            lora_swaps=sum(m.stats.lora_swaps for m in self.models),
+            slo_ttft_s=config.slo_ttft_s,
+        )
+        if self.ledger is not None:
+            run.block_states = self.ledger.states
+        if config.worker.cpu_kv_capacity_tokens > 0:
+            run.cpu_cached, run.cpu_estimated = self.cpu_cached, self.cpu_estimated
+        too_long = self.too_long
+        if too_long.any():
+            run.too_long = too_long
+        disagg = self.disagg
+        if disagg is None:
+            run.predicted_ttft = self.predicted
+        if (
+            self.flow is not None
+            or too_long.any()
+            or any(r.priority or r.tenant is not None for r in trace)
+        ):
+            run.rejected = self.rejected
+            run.priority = np.array([r.priority for r in trace], dtype=np.int64)
+            run.tenant = np.array([r.tenant or DEFAULT_FLOW for r in trace])
+        if disagg is not None:
+            run.prefill_workers, run.decode_workers = len(self.states), len(self.decode_states)
+            run.decode_worker = disagg.decode_worker
+            run.prefill_done = disagg.prefill_done
+            run.transfer_s = disagg.transfer_s
+            run.transferred = disagg.transferred_tokens
+            run.decode_branches = disagg.branches
+        return run
+
+
+def _queued_features(item: Waiting) -> RequestFeatures:
+    """A queued request's features (its payload: index, features, adapter)."""
+    return item.payload[1]
 
 
 def _ignore(req: SimRequest, now: float) -> None:
@@ -864,13 +1033,14 @@ class _Disaggregated:
         params = {"seed": config.seed} if "seed" in picker_params(config.decode_policy) else {}
         self.picker = make_picker(config.decode_policy, **params)
         check_views(self.picker, decode_states)
+        self.branches: dict[str, int] = {}
+        self.placement = Placement(self.branches)  # the decode side's choices and bookings
         self.features: list[RequestFeatures | None] = [None] * n
         self.bookings: list[Booking | None] = [None] * n
         self.decode_worker = np.zeros(n, dtype=np.int64)
         self.prefill_done = np.zeros(n)
         self.transfer_s = np.zeros(n)
         self.transferred_tokens = np.zeros(n, dtype=np.int64)
-        self.branches: dict[str, int] = {}
         self.transfers: list[tuple[float, int]] = []  # (done, request): KV under way
 
     def prefilled(self, req: SimRequest, now: float) -> None:
@@ -879,12 +1049,12 @@ class _Disaggregated:
         i = req.tag
         self.prefill_done[i] = now
         features = self.features[i]
-        pick = self.picker.pick(features, self.decode_states)
-        self.branches[pick.branch] = self.branches.get(pick.branch, 0) + 1
+        placement = self.placement
+        pick = placement.choose(self.picker, features, self.decode_states)
         d = pick.worker
         self.decode_worker[i] = d
-        self.bookings[i] = self.decode_states[d].book(
-            features, expected_output_tokens=self.trace[i].output_length, now=now
+        self.bookings[i] = placement.book(
+            self.decode_states[d], features, self.trace[i].output_length, now=now
         )
         # the decode worker's model already holds a prefix: only the rest crosses
         held = self.decode_models[d].cached_prefix_blocks(features.blocks) * BLOCK_TOKENS
@@ -914,9 +1084,9 @@ class _Disaggregated:
         """The decode worker's first token or finish: its booking follows."""
         booking = self.bookings[i]
         if first_token:
-            booking.first_token(now)
+            self.placement.first_token(booking, now)
         else:
-            booking.finish()
+            self.placement.release(booking)
             self.bookings[i] = None
 
 

@@ -3,8 +3,10 @@
 One object (:class:`FlowControl`, the router core's ``flow`` with ``--flow-control``) that
 ``serve``'s forwarder and the endpoint picker both await between reading a request and
 picking its worker (:meth:`router.core.routing.RouterCore.flow_wait`); the order and the
-saturation test are the pure functions of :mod:`router.core.flow_queue`, which the offline
-simulator runs too.
+saturation test are the pure functions of :mod:`router.core.flow_queue`, and the admission
+rule below (go on, wait or be shed; the queue's head released) is :class:`FlowAdmission`'s,
+free of I/O and of the clock, which the offline simulator decides with too
+(:class:`traces.simulator.Simulation`, in virtual time).
 
 A request arrives (already admitted: in flight, ``max_inflight``):
 
@@ -56,6 +58,7 @@ from router.core.flow_queue import (
     DEFAULT_FLOW,
     DISCONNECT,
     SHED,
+    STEP_COST,
     TTL,
     Classified,
     FlowQueue,
@@ -84,7 +87,77 @@ MESSAGES = {
 }
 
 
-class FlowControl:
+PLACE = "place"  # FlowAdmission.decide: the request goes on now
+QUEUE = "queue"  # it waits in the queue (SHED: it is refused)
+
+
+class FlowAdmission:
+    """The admission rule, free of I/O and of the clock: whether a request goes on, waits or
+    is shed, and when the queue's head goes. :class:`FlowControl` (``serve``, the EPP) decides
+    with it at the wall clock's ``now``; the offline simulator
+    (:class:`traces.simulator.Simulation`) with one of its own, in virtual time.
+
+    ``views_for(model)``: the picker's views of the workers for a request naming ``model``
+    (raising :class:`~router.fleet.pool.ModelNotServed` or
+    :class:`~policies.base.NoHealthyWorker` when none can take it)."""
+
+    def __init__(
+        self,
+        queue: FlowQueue,
+        views_for: Callable[[str | None], Any],
+        rate: float,
+        target_s: float,
+        kv_limit: float = 0.0,
+        cost: StepCost = STEP_COST,
+    ) -> None:
+        self.queue = queue
+        self.views_for = views_for
+        self.rate = rate
+        self.target_s = target_s
+        self.kv_limit = kv_limit
+        self.cost = cost
+        self.last: Prediction | None = None  # the latest prediction, for the gauges
+
+    def predict(self, features: Any, now: float) -> Prediction | None:
+        """The best worker's predicted TTFT for ``features``; None: no worker can take it
+        (the pick answers why)."""
+        try:
+            views = self.views_for(features.model)
+            prediction = predicted_ttft(features, views, self.rate, now, self.kv_limit, self.cost)
+        except (NoHealthyWorker, ModelNotServed):
+            return None
+        self.last = prediction
+        return prediction
+
+    def is_saturated(self, features: Any, now: float) -> bool:
+        prediction = self.predict(features, now)
+        return prediction is not None and saturated(prediction, self.target_s)
+
+    def decide(self, features: Any, band: int, now: float) -> str:
+        """A request of priority ``band`` arrives: :data:`PLACE` (the fleet is not saturated
+        for it and nothing of its band or higher waits; or no worker can take it, which the
+        pick answers now), :data:`SHED` (saturated and sheddable, a negative band) or
+        :data:`QUEUE` (it waits its turn; the queue's limits may still refuse it)."""
+        prediction = self.predict(features, now)
+        if prediction is None:
+            return PLACE
+        full = saturated(prediction, self.target_s)
+        if not full and not self.queue.ahead_of(band):
+            return PLACE
+        if full and band < 0:
+            return SHED
+        return QUEUE
+
+    def release(self, now: float, features: Callable[[Waiting], Any]) -> Waiting | None:
+        """The queue's head, taken out, when the fleet is not saturated for it (``features``:
+        a queued request's features); None when the queue is empty or its head must wait."""
+        head = self.queue.head()
+        if head is None or self.is_saturated(features(head), now):
+            return None
+        return self.queue.pop()
+
+
+class FlowControl(FlowAdmission):
     """The queue, its dispatcher and its counters (see the module docstring)."""
 
     def __init__(
@@ -94,18 +167,21 @@ class FlowControl:
         registry: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.pool = pool
-        self.clock = clock
-        self.target_s = settings.flow_target_ttft_s
-        self.kv_limit = settings.flow_kv_limit
-        self.rate = settings.prefill_tokens_per_s
-        self.cost = StepCost(settings.flow_decode_step_s, settings.flow_decode_token_s)
-        self.objectives = dict(settings.flow_objectives)
-        self.fairness_header = settings.flow_fairness_header.lower()
         limits = Limits(
             settings.flow_queue_max, settings.flow_queue_max_bytes, settings.flow_queue_ttl_s
         )
-        self.queue = FlowQueue(limits, settings.flow_weights)
+        super().__init__(
+            FlowQueue(limits, settings.flow_weights),
+            pool.views_for,
+            settings.prefill_tokens_per_s,
+            settings.flow_target_ttft_s,
+            settings.flow_kv_limit,
+            StepCost(settings.flow_decode_step_s, settings.flow_decode_token_s),
+        )
+        self.pool = pool
+        self.clock = clock
+        self.objectives = dict(settings.flow_objectives)
+        self.fairness_header = settings.flow_fairness_header.lower()
         self.dispatched: dict[tuple[str, str], int] = {}
         self.rejected: dict[tuple[str, str, str], int] = {}
         self.wait = HistogramFamily(
@@ -114,7 +190,6 @@ class FlowControl:
             ["band"],
             WAIT_BUCKETS,
         )
-        self.last: Prediction | None = None  # the latest prediction, for the gauges
         self.labels = FlowLabels(self.objectives.values())
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
@@ -135,21 +210,6 @@ class FlowControl:
             api_key,
         )
 
-    def predict(self, features: Any, now: float) -> Prediction | None:
-        """The best worker's predicted TTFT for ``features``; None: no worker can take it
-        (the pick answers why)."""
-        try:
-            views = self.pool.views_for(features.model)
-            prediction = predicted_ttft(features, views, self.rate, now, self.kv_limit, self.cost)
-        except (NoHealthyWorker, ModelNotServed):
-            return None
-        self.last = prediction
-        return prediction
-
-    def is_saturated(self, features: Any, now: float) -> bool:
-        prediction = self.predict(features, now)
-        return prediction is not None and saturated(prediction, self.target_s)
-
     async def enter(self, features: Any, c: Classified, size: int) -> None:
         """Return when the request may be placed; raise :class:`TooManyRequests` when it is
         refused (503 after :meth:`close`). Cancelled while waiting (its client left):
@@ -157,15 +217,11 @@ class FlowControl:
         if self.closed:
             raise self._shut(c.band, c.flow)
         now = self.clock()
-        prediction = self.predict(features, now)
-        if prediction is None:  # no worker can take it: the pick's 404 / 503 now, not later
+        decision = self.decide(features, c.band, now)
+        if decision == PLACE:  # (no worker can take it: the pick's 404 / 503 now, not later)
             self._count_dispatched(c.band, c.flow, 0.0)
             return
-        full = saturated(prediction, self.target_s)
-        if not full and not self.queue.ahead_of(c.band):
-            self._count_dispatched(c.band, c.flow, 0.0)
-            return
-        if full and c.band < 0:
+        if decision == SHED:
             raise self._refuse(c.band, c.flow, SHED)
         deadline = now + c.slo_s if c.slo_s is not None else None
         item = Waiting(c.band, c.flow, features.input_length, size, now, deadline)
@@ -228,12 +284,11 @@ class FlowControl:
                 head = queue.head()
                 if head is None:
                     break
-                future, features = head.payload
+                future, _ = head.payload
                 if future.done():  # cancelled: its client left (its task not resumed yet)
                     self._gone(head)
                     continue
-                if not self.is_saturated(features, now):
-                    queue.pop()
+                if self.release(now, _features) is not None:  # (head: no await in between)
                     self._count_dispatched(head.band, head.flow, now - head.arrival)
                     future.set_result(None)
                     await asyncio.sleep(0)  # it picks and books before the next look
@@ -279,6 +334,11 @@ class FlowControl:
             "dispatched": _nested(self.dispatched),
             "rejected": _nested(self.rejected),
         }
+
+
+def _features(item: Waiting) -> Any:
+    """A queued request's features (its payload: its future, its features)."""
+    return item.payload[1]
 
 
 def bearer_key(authorization: str | None) -> str | None:

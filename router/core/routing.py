@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from policies.base import NoHealthyWorker, Pick, RequestFeatures
-from router.cache.feedback import correct_shadow, to_router_tokens
+from router.cache.feedback import to_router_tokens
 from router.cache.lora import under_adapter
 from router.cache.worker_state import Booking
 from router.config import Settings
@@ -249,8 +249,6 @@ class RouterCore:
             message = f"The model `{echo(model or '')}` does not exist (no worker serves it)."
             raise ModelNotFound(message) from None
         self.metrics.pick.observe(time.perf_counter() - t0)
-        decisions = self.pool.stats.decisions
-        decisions[pick.branch] = decisions.get(pick.branch, 0) + 1
         if last_error is not None:  # this is a retry, and why
             retries = self.pool.stats.retries
             retries[last_error.code] = retries.get(last_error.code, 0) + 1
@@ -268,7 +266,9 @@ class RouterCore:
                 f"the worker that stored response '{said}' ({owner.url}) is out of "
                 "service now (its circuit is open)"
             )
-        return owner, Pick(self.pool.workers.index(owner), "response_owner")
+        pick = Pick(self.pool.workers.index(owner), "response_owner")
+        self.pool.placement.count(pick)
+        return owner, pick
 
     def book(
         self,
@@ -353,9 +353,10 @@ class RouterCore:
         cpu = usage.cpu_cached_tokens
         if cpu is not None:
             cpu = to_router_tokens(cpu, usage.prompt_tokens, input_length)
-        booking.report_cached(reported, cpu)
+        placement = self.pool.placement
+        placement.report(booking, reported, cpu)
         if self.correct and not worker.capacity_reported:
-            change = correct_shadow(
+            change = placement.correct(
                 booking, reported, worker.capacity_blocks, worker.capacity_tokens
             )
             stats = worker.stats
@@ -370,7 +371,7 @@ class RouterCore:
 
     def release(self, r: Routed, worker: Worker, booking: Booking, status: str) -> None:
         """Release the booking and count the attempt's outcome, the first time only."""
-        if not booking.finish():
+        if not self.pool.placement.release(booking):
             return
         if self.flow is not None:
             self.flow.wake()

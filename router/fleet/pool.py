@@ -37,13 +37,12 @@ from typing import Any
 from policies.base import NoHealthyWorker, Pick, RequestFeatures, check_views
 from policies.registry import make_picker
 from router.cache.block_lru import BlockLRU
-from router.cache.cost_model import WorkerCost
 from router.cache.feedback import reset_shadow
 from router.cache.kv_index import KVIndex
-from router.cache.radix_tree import RadixTree
+from router.cache.sizing import cpu_blocks, new_worker_state, shadow_sizes
 from router.cache.worker_state import Booking, WorkerState
-from router.cache.workload import PrefillRate
 from router.config import Settings, normalize_url
+from router.fleet.placement import Placement
 from router.fleet.stats import MODEL_LABELS_MAX, ModelStats, PoolStats, WorkerStats
 from router.fleet.upstream import UpstreamPool
 from router.fleet.worker_truth import WorkerTruth
@@ -209,6 +208,8 @@ class WorkerPool:
         self.workers: list[Worker] = []
         self.states: list[WorkerState] = []
         self.stats = PoolStats()
+        # choose, book, report, release: the decisions, counted in ``stats.decisions``
+        self.placement = Placement(self.stats.decisions)
         self.picker = self._new_picker()
         self.decode_picker = make_picker(settings.decode_policy)
         self._views_by_model: dict[tuple[str | None, bool], Sequence[Any] | None] = {}
@@ -247,16 +248,17 @@ class WorkerPool:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
         s = self.settings
         tokens = kv_capacity_tokens or s.capacity_for(url)
-        blocks = max(1, tokens // s.block_size)
-        state = WorkerState(
-            name=url,
-            blocks=BlockLRU(blocks, s.block_size),
-            radix=RadixTree(capacity_tokens=tokens, policy=s.radix_eviction),
+        state = new_worker_state(
+            url,
+            tokens,
+            s.block_size,
             shadow=s.shadow,
+            prefill_tokens_per_s=s.prefill_tokens_per_s,
+            cost_terms=self.cost_terms,
+            radix_policy=s.radix_eviction,
             kv_index=KVIndex() if s.kv_events else None,
-            rate=PrefillRate(s.prefill_tokens_per_s),
-            cost=WorkerCost(self.cost_terms),
         )
+        blocks = state.blocks.capacity_blocks
         cpu_tokens = s.cpu_capacity_for(url)
         self._size_cpu_tier(state, cpu_tokens)
         worker = Worker(
@@ -364,17 +366,17 @@ class WorkerPool:
         """Size ``worker``'s shadows to ``tokens`` of KV capacity (its real one, read from its
         ``/metrics``): both shadows, whatever the feedback correction had made of them, which
         stops for this worker (its capacity is no longer a guess)."""
-        s = self.settings
-        blocks = max(1, tokens // s.block_size)
+        sizes = shadow_sizes(tokens, self.settings.block_size)
         worker.capacity_tokens = tokens
-        worker.capacity_blocks = blocks
+        worker.capacity_blocks = sizes.blocks
         worker.capacity_reported = True
-        worker.state.blocks.resize(blocks)
+        worker.state.blocks.resize(sizes.blocks)
         tree = worker.state.radix
         if tree is not None:
-            tree.capacity_tokens = tokens
-            if tree.total_tokens > tokens and tree.evictable_tokens:
-                tree.evict(min(tree.evictable_tokens, tree.total_tokens - tokens))
+            room = sizes.radix_tokens
+            tree.capacity_tokens = room
+            if tree.total_tokens > room and tree.evictable_tokens:
+                tree.evict(min(tree.evictable_tokens, tree.total_tokens - room))
         log.info("worker %s: shadows sized to its KV capacity, %d tokens", worker.url, tokens)
 
     def resize_cpu(self, worker: Worker, tokens: int) -> None:
@@ -396,7 +398,7 @@ class WorkerPool:
         state.kv_load_s_per_token = s.kv_load_s_per_token(state.name)
         if s.router_tiers != "on":
             return
-        blocks = max(1, tokens // s.block_size)
+        blocks = cpu_blocks(tokens, s.block_size)
         if state.cpu is None:
             state.cpu = BlockLRU(blocks, s.block_size)
         else:
@@ -466,7 +468,7 @@ class WorkerPool:
     ) -> tuple[Worker, Pick]:
         """The picker's choice among healthy workers that serve ``request.model`` and are not
         in ``exclude``: aggregated and prefill workers, or with ``decode`` the decode
-        picker's among decode workers.
+        picker's among decode workers (:meth:`Placement.choose`: its branch counted).
 
         Raises :class:`ModelNotServed` when no worker serves the model,
         :class:`~policies.base.NoHealthyWorker` when none of those is healthy
@@ -479,10 +481,10 @@ class WorkerPool:
                 for w, v in zip(self.workers, views, strict=True)
             ]
         if not decode:
-            choice = self.picker.pick(request, views)
+            choice = self.placement.choose(self.picker, request, views)
         else:
             try:
-                choice = self.decode_picker.pick(request, views)
+                choice = self.placement.choose(self.decode_picker, request, views)
             except NoHealthyWorker:
                 raise NoDecodeWorker("no healthy decode worker") from None
         return self.workers[choice.worker], choice
@@ -495,7 +497,9 @@ class WorkerPool:
         radix_later: bool = False,
     ) -> Booking:
         """Book ``request`` on ``worker`` (:meth:`WorkerState.book`) and tell ``on_book``."""
-        booking = worker.state.book(request, expected_output, radix_later=radix_later)
+        booking = self.placement.book(
+            worker.state, request, expected_output, radix_later=radix_later
+        )
         if self.on_book is not None:
             self.on_book(worker, request, booking)
         return booking
