@@ -22,7 +22,10 @@ each turn is sent after its session's previous answer plus the recorded think ti
 agent (and the traces' own replayer) sends them, which below the knee is the same schedule.
 The live simulated workers run ``TIME_SCALE`` times faster than real time (the arrivals too,
 times the load), with outputs capped at 64 tokens; on a busy machine the live latencies read
-high (every real millisecond is that many modelled ones), the hit rates do not.
+high (every real millisecond is that many modelled ones), the hit rates do not. Hence 20x and
+not more: the router's and the sim workers' own CPU time per request counts ``TIME_SCALE``
+times over, and at 40x the opening burst queued for modelled seconds at the router
+(docs/bench-history.md, issue 52). ``--time-scale`` changes it.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ BASELINE = "round_robin"  # in the capacity table only: what affinity buys
 WORKERS = 4
 KV_TOKENS = 1_000_000  # per worker: a GPU plus a CPU KV tier; lower it to see eviction
 SLO = "ttft_p90=15"  # the opening burst (module docstring) puts p90 near 10 s at any load
-TIME_SCALE = 40  # the live sim workers' speed over real time
+TIME_SCALE = 20  # the live sim workers' speed over real time (module docstring)
 BELOW_KNEE = 0.8  # the live load, as a fraction of the lowest capacity of the live policies
 MAX_OUTPUT = 64
 OVERLOADED = (
