@@ -86,7 +86,7 @@ from router.core.flow_queue import (
     Waiting,
 )
 from router.fleet.placement import Placement
-from traces import kv_transfer
+from traces import gpu_profile, kv_transfer
 from traces.miss_causes import FleetLedger
 from traces.pacing import Pacing, predecessors, release_time
 from traces.record import BLOCK_TOKENS, TraceRequest
@@ -197,9 +197,9 @@ class SimConfig:
     # hit gap's split (traces/hit_gap.py); not on a disaggregated fleet
     hit_gap: bool = False
     # the router's TTFT cost model (--cost-profile, router/cache/cost_model.py): a GPU
-    # profile's terms (the ttft picker prices with them), or None: the flat prior of the
-    # workers' configured prefill rate (the picker keeps its own flat formula)
-    cost_profile: GpuProfile | None = None
+    # profile's terms (the ttft picker prices with them; default: serve's), or None: the flat
+    # prior of the workers' configured prefill rate (the picker keeps its own flat formula)
+    cost_profile: GpuProfile | None = field(default_factory=gpu_profile.default_profile)
     # the workers' context length (the sim worker's --max-model-len): a request whose prompt
     # plus output exceeds it is refused, the engine's 400; None: the GPU KV capacity, to
     # which vLLM caps it (a CPU tier does not lengthen it)

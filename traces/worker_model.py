@@ -74,7 +74,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -121,9 +121,8 @@ class WorkerModelConfig:
     kv_load_gbps: float = KV_LOAD_GBPS  # host to GPU, GB/s (1e9 bytes)
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN  # all layers
     # measured step costs (traces/gpu_profile.py); None: the flat rates above price prefill,
-    # decode and CPU-tier loads (the commands' --gpu-profile defaults to
-    # gpu_profile.DEFAULT_PROFILE, the measured H100 8B; a config built in code is flat)
-    profile: GpuProfile | None = None
+    # decode and CPU-tier loads. Default: gpu_profile.DEFAULT_PROFILE, the measured H100 8B
+    profile: GpuProfile | None = field(default_factory=gpu_profile.default_profile)
 
     def __post_init__(self) -> None:
         if self.cpu_kv_capacity_tokens < 0 or self.kv_bytes_per_token < 0:

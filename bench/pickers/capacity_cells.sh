@@ -6,10 +6,13 @@
 #   bash bench/pickers/capacity_cells.sh [CELL ...]     # default: every cell (~25 min, 1 core)
 #   POLICIES=ttft bash bench/pickers/capacity_cells.sh CELL   # rerun some policies of a cell:
 #     their entries replace the same policies' in out/capacity/CELL, the others stay
+#   OUT=FILE, EXTRA="--gpu-profile flat": the summary's path, more flags for every run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 SHARED=${SHARED:-../shared/traces}
+OUT=${OUT:-bench/results/capacity_cells.json}
+EXTRA=${EXTRA:-}
 POLICIES=${POLICIES:-ttft,lmetric,unified,sticky,llmd,llmd_precise,dynamo,smg,aibrix,sglang_cache_aware,round_robin}
 declare -A CELLS=(
   # the issue's cells
@@ -35,7 +38,7 @@ for cell in "${ORDER[@]}"; do
   echo "== $cell $(date +%T)"
   # shellcheck disable=SC2086
   $PY -m router.cli capacity --policies "$POLICIES" --kv-capacity-tokens 1000000 --jobs 1 \
-    --no-plots --out "out/capacity/$cell.part" ${CELLS[$cell]} 2>/dev/null | grep -v '^\s*\['
+    --no-plots --out "out/capacity/$cell.part" ${CELLS[$cell]} $EXTRA 2>/dev/null | grep -v '^\s*\['
   $PY - "out/capacity/$cell" <<'PYEOF'
 import json, shutil, sys
 from pathlib import Path
@@ -53,18 +56,20 @@ part.rename(cell)
 PYEOF
 done
 # every cell run so far (this time or before) into one summary
-$PY - "${!CELLS[@]}" <<'PYEOF'
+$PY - "$OUT" "${!CELLS[@]}" <<'PYEOF'
 import json, sys
 from pathlib import Path
-out = Path("bench/results/capacity_cells.json")
+out = Path(sys.argv[1])
 doc = {}
-for cell in sys.argv[1:]:
+for cell in sys.argv[2:]:
     path = Path(f"out/capacity/{cell}/capacity.json")
     if not path.exists():
         continue
     d = json.loads(path.read_text())
     doc[cell] = {
         "trace": d["trace"]["name"], "workers": d["fleet"]["workers"], "slos": d["slos"],
+        "gpu_profile": d["fleet"].get("gpu_profile", "flat"),
+        "cost_profile": d["fleet"].get("cost_profile", "flat"),
         "slos_below_bound": d.get("slos_below_bound", []),
         "bounds": {k: v for k, v in d["bounds"].items() if k.startswith(("ttft", "hit", "load"))},
         "capacity": {n: e["capacity"] for n, e in d["policies"].items()},

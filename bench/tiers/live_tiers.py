@@ -135,6 +135,7 @@ def router_args(cfg: Config, workers: list[str], args: argparse.Namespace, port:
     # the workers load at kv_load_gbps of modelled time: speedup times that a real second
     out += ["--kv-load-gbps", repr(args.kv_load_gbps * args.speedup)]
     out += ["--router-tiers", cfg.tiers, "--shadow", args.shadow, "--log-level", "warning"]
+    out += ["--cost-profile", "flat"]  # the flat worker model's bench (run_live)
     out += time_scaled_router_args(cfg.policy, args.speedup)
     if cfg.kv_events:
         out += ["--kv-events", "--kv-events-connect"]
@@ -252,14 +253,15 @@ def run_offline(args: argparse.Namespace, configs: list[Config]) -> list[dict]:
         trace = trace[: args.requests]
     if args.max_output_tokens:
         trace = cap_output(trace, args.max_output_tokens)
-    worker = WorkerModelConfig(
+    worker = WorkerModelConfig(  # the flat model, as the sim workers (--gpu-profile flat)
+        profile=None,
         kv_capacity_tokens=args.kv_capacity_tokens,
         cpu_kv_capacity_tokens=args.cpu_kv_capacity_tokens,
         kv_load_gbps=args.kv_load_gbps,
     )
     rows = []
     for cfg in configs:
-        config = SimConfig(workers=args.workers, worker=worker, pacing="session",
+        config = SimConfig(workers=args.workers, worker=worker, pacing="session", cost_profile=None,
                            router_tiers=cfg.tiers, kv_events=cfg.kv_events,
                            shadow=args.shadow)  # fmt: skip
         s = simulate(trace, make_sim_picker(cfg.policy), config, cfg.key).summary()
@@ -281,7 +283,7 @@ def run_offline(args: argparse.Namespace, configs: list[Config]) -> list[dict]:
         # a diagnostic, not ranked: the same (d) with the KV events arriving at once (the
         # index then sees an eviction made at the very step boundary a session's next turn
         # is dispatched at; any delay, even 1 ms, hides it)
-        config = SimConfig(workers=args.workers, worker=worker, pacing="session",
+        config = SimConfig(workers=args.workers, worker=worker, pacing="session", cost_profile=None,
                            router_tiers="on", kv_events=True, kv_event_delay_s=0.0,
                            shadow=args.shadow)  # fmt: skip
         s = simulate(trace, make_sim_picker("ttft"), config, "d0").summary()

@@ -45,7 +45,9 @@ def run(
 ) -> PolicyRun:
     """``trace`` on ``workers`` default worker models of ``kv_tokens`` KV (and a CPU tier of
     ``cpu_tokens``), ``picks`` routing, the ledger on."""
-    worker = WorkerModelConfig(kv_capacity_tokens=kv_tokens, cpu_kv_capacity_tokens=cpu_tokens)
+    worker = WorkerModelConfig(
+        profile=None, kv_capacity_tokens=kv_tokens, cpu_kv_capacity_tokens=cpu_tokens
+    )  # the flat model: the timelines below are its arithmetic
     config = SimConfig(workers=workers, worker=worker, hit_gap=True, **more)
     return simulate(trace, Scripted(picks), config)
 

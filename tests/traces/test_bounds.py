@@ -31,7 +31,9 @@ from traces.stats import hit_ceiling
 from traces.worker_model import WorkerModelConfig
 
 CONVERSATION = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
-MODEL = WorkerModelConfig()  # 8192-token chunks, 15k tokens/s, 12 ms a step
+MODEL = WorkerModelConfig(
+    profile=None
+)  # the flat model: 8192-token chunks, 15k tokens/s, 12 ms a step
 
 
 def req(blocks: tuple[int, ...], input_length: int | None = None, at: float = 0.0):
@@ -139,7 +141,9 @@ def test_load_ceiling_arithmetic() -> None:
     1/3, 20,480 tokens to prefill. Two workers at 1,000 tokens/s prefill 2,000 tokens/s, so
     the ceiling is 10 x 2,000 / 20,480 of the trace's speed. With one worker of 10 blocks,
     Belady keeps the first prompt's first 10 blocks for the repeat: 1/6."""
-    model = WorkerModelConfig(prefill_tokens_per_s=1_000.0, kv_capacity_tokens=512 * 100)
+    model = WorkerModelConfig(
+        profile=None, prefill_tokens_per_s=1_000.0, kv_capacity_tokens=512 * 100
+    )
     a, b = tuple(range(1, 21)), tuple(range(21, 41))
     trace = [req(a, 10_240, 0.0), req(a, 10_240, 5.0), req(b, 10_240, 10.0)]
     bounds = trace_bounds(trace, 2, model)
@@ -147,7 +151,7 @@ def test_load_ceiling_arithmetic() -> None:
     assert bounds.load_ceiling == pytest.approx(10 * 2_000 / 20_480)
     assert bounds.load_ceiling_rps == pytest.approx(3 / 10 * bounds.load_ceiling)
     assert bounds.pooled_kv_tokens == 2 * 512 * 100
-    small = trace_bounds(trace, 1, WorkerModelConfig(kv_capacity_tokens=512 * 10))
+    small = trace_bounds(trace, 1, WorkerModelConfig(profile=None, kv_capacity_tokens=512 * 10))
     assert small.hit_ceiling == pytest.approx(1 / 6)
     assert small.infinite_hit_ceiling == pytest.approx(1 / 3)
     assert belady_hits(trace, 10).tolist() == [0, 10, 0]
@@ -157,12 +161,12 @@ def test_bounds_match_the_trace_stats_and_hold_for_every_router(data: Path) -> N
     """With room for everything Belady is the infinite cache (trace stats' figure); every
     request's TTFT in the simulator is at least its floor, whatever the policy."""
     trace = load_trace(data / "mooncake_conversation_head200.jsonl")
-    big = trace_bounds(trace, 8, WorkerModelConfig(kv_capacity_tokens=1_000_000))
+    big = trace_bounds(trace, 8, WorkerModelConfig(profile=None, kv_capacity_tokens=1_000_000))
     assert big.hit_ceiling == pytest.approx(hit_ceiling(trace).token_ratio)
     floors = ttft_floors(trace, MODEL)
     for policy in ("ttft", "round_robin"):
         for speedup in (0.2, 2.0):
-            config = SimConfig(workers=2, speedup=speedup)
+            config = SimConfig(workers=2, worker=MODEL, speedup=speedup)
             run = simulate(trace, make_sim_picker(policy), config, policy)
             assert np.all(run.first_token - run.arrival >= floors - 1e-9), (policy, speedup)
             assert run.cached.sum() / run.input_length.sum() <= big.hit_ceiling + 1e-12
@@ -204,7 +208,7 @@ def test_fleet_bound_holds_for_every_router_on_the_agentic_burst() -> None:
     """The agentic sample opens with 42 sessions at once: at any load the bound's percentiles
     sit below every router's, and well above the floors' (4 workers)."""
     trace = load_trace(Path(traces.__file__).parent / "data" / "weka_agentic_sample.jsonl")
-    model = WorkerModelConfig(kv_capacity_tokens=1_000_000)
+    model = WorkerModelConfig(profile=None, kv_capacity_tokens=1_000_000)
     bounds = trace_bounds(trace, 4, model)
     assert bounds.ttft_fleet_p90 > 2 * bounds.ttft_p90
     assert bounds.ttft_fleet_p90 > 5.0  # the issue's 5 s SLO there is out of any router's reach
@@ -228,7 +232,9 @@ def test_fleet_bound_holds_for_every_router_on_the_agentic_burst() -> None:
 def test_full_conversation_bounds(conversation: list[TraceRequest]) -> None:
     """The issue's figures: 8 workers of 1M KV on Mooncake's conversation trace hold every
     reusable prefix (hit ceiling 37.4%, as never evicting) and carry at most ~4.7x."""
-    bounds = trace_bounds(conversation, 8, WorkerModelConfig(kv_capacity_tokens=1_000_000))
+    bounds = trace_bounds(
+        conversation, 8, WorkerModelConfig(profile=None, kv_capacity_tokens=1_000_000)
+    )
     assert round(bounds.hit_ceiling, 3) == round(bounds.infinite_hit_ceiling, 3) == 0.374
     assert round(bounds.load_ceiling, 1) == 4.7
 

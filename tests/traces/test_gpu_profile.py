@@ -76,8 +76,9 @@ def test_the_shipped_profiles_load() -> None:
         assert p is not None and p.name == name and p.source == name
         assert p.a > 0 and p.decode_base > 0 and p.decode_per_context_token > 0
     assert gpu_profile.resolve("flat") is None
-    # the commands' default is the measured H100 8B profile; a config built in code is flat
-    assert gpu_profile.DEFAULT_PROFILE == "h100-llama8b" and WorkerModelConfig().profile is None
+    # the default is the measured H100 8B profile; the flat model is profile=None
+    assert gpu_profile.DEFAULT_PROFILE == "h100-llama8b"
+    assert WorkerModelConfig().profile == gpu_profile.resolve("h100-llama8b")
 
 
 @pytest.mark.parametrize(("profile", "data"), MEASURED_8B)

@@ -131,7 +131,7 @@ def test_simulate_rejects_unknown_policy(tmp_path: Path, capsys):
 
 def test_session_pacing_sends_a_turn_only_after_its_previous_answer(synthetic):
     trace = synthetic[:600]
-    slow = SimConfig(workers=1, worker=WorkerModelConfig(prefill_tokens_per_s=3000.0))
+    slow = SimConfig(workers=1, worker=WorkerModelConfig(profile=None, prefill_tokens_per_s=3000.0))
     previous = predecessors(trace)
     has = np.array([p >= 0 for p in previous])
     before = np.array([p for p in previous if p >= 0])
@@ -146,7 +146,9 @@ def test_session_pacing_sends_a_turn_only_after_its_previous_answer(synthetic):
     assert (paced.arrival >= recorded - 1e-9).all()
     assert np.allclose(paced.arrival[~has], recorded[~has])
     # a fleet that keeps up: session pacing is the open-loop schedule
-    instant = replace(HUGE, prefill_tokens_per_s=1e9, step_overhead_s=1e-6, decode_s_per_seq=0.0)
+    instant = replace(
+        HUGE, profile=None, prefill_tokens_per_s=1e9, step_overhead_s=1e-6, decode_s_per_seq=0.0
+    )
     fast = SimConfig(workers=8, worker=instant, pacing="session")
     assert np.allclose(simulate(trace, make_picker("lmetric"), fast).arrival, recorded)
 

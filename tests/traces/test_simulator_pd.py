@@ -79,7 +79,7 @@ def test_every_request_is_prefilled_then_decoded(conversation, monkeypatch):
     assert sum(run.branches.values()) == n and sum(run.decode_branches.values()) == n
     assert run.inflight.shape[1] == 4
     # prefill, transfer, one decode step at least, then the output
-    step = PD.worker.step_overhead_s
+    step = min(PD.worker.decode_step_s(1), PD.worker.prefill_step_s)  # the cheapest step
     assert (run.prefill_done >= run.arrival).all()
     assert (run.first_token >= run.prefill_done + run.transfer_s + step - 1e-9).all()
     assert (run.finish >= run.first_token).all()

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from worker_model_support import Driver, req
 
 CFG = WorkerModelConfig(
+    profile=None,
     kv_capacity_tokens=512 * 20,
     chunk_tokens=1024,
     prefill_tokens_per_s=1024.0,  # one chunk per second
@@ -64,6 +65,7 @@ def test_arrival_during_decode_stretch_joins_at_next_boundary():
 
 def test_waits_for_memory_held_by_running_requests():
     cfg = WorkerModelConfig(
+        profile=None,
         kv_capacity_tokens=512 * 4,
         chunk_tokens=4096,
         prefill_tokens_per_s=1024.0,

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from traces.gpu_profile import default_profile
 from traces.sim_worker import server
 from traces.worker_model import (
     SimRequest,
@@ -28,6 +27,7 @@ B = 512
 # prefill: 1024 tokens/s (a 512-token block in 0.5 s); loads: 1e6 bytes a token at 4 GB/s,
 # so one token loads in 0.25 ms and a block in 0.128 s
 CFG = WorkerModelConfig(
+    profile=None,
     kv_capacity_tokens=B * 5,
     chunk_tokens=1024,
     prefill_tokens_per_s=1024.0,
@@ -50,7 +50,7 @@ def evicted_from_gpu(d: Driver) -> None:
 
 
 def test_config_load_time_and_validation():
-    cfg = WorkerModelConfig(kv_bytes_per_token=131_072, kv_load_gbps=20.0)
+    cfg = WorkerModelConfig(profile=None, kv_bytes_per_token=131_072, kv_load_gbps=20.0)
     assert cfg.load_s(1000) == pytest.approx(1000 * 131_072 / 20e9)
     assert CFG.load_s(512) == pytest.approx(0.128)
     assert CFG.cpu_capacity_blocks == 16 and NO_TIER.cpu_capacity_blocks == 0
@@ -311,7 +311,7 @@ def test_flags_round_trip_through_sim_worker_parser():
     parser = argparse.ArgumentParser()
     server.add_parser(parser.add_subparsers())
     config = replace(
-        WorkerModelConfig(),
+        WorkerModelConfig(profile=None),
         cpu_kv_capacity_tokens=4 * 262_144,
         kv_load_gbps=12.5,
         kv_bytes_per_token=65_536,
@@ -321,7 +321,7 @@ def test_flags_round_trip_through_sim_worker_parser():
     assert model_config_from_args(args) == config
     defaults = parser.parse_args(["sim-worker"])
     # the command's default: the measured H100 profile
-    assert model_config_from_args(defaults) == WorkerModelConfig(profile=default_profile())
+    assert model_config_from_args(defaults) == WorkerModelConfig()
 
 
 def test_model_options_without_bytes_flag_default_bytes_per_token():

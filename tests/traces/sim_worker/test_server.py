@@ -451,4 +451,4 @@ def test_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="KV capacity"):
         SimWorkerConfig(WorkerModelConfig(kv_capacity_tokens=100))
     with pytest.raises(ValueError, match="decode step"):
-        SimWorkerConfig(WorkerModelConfig(step_overhead_s=0, decode_s_per_seq=0))
+        SimWorkerConfig(WorkerModelConfig(profile=None, step_overhead_s=0, decode_s_per_seq=0))
