@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from router.epp.envoy_config import envoy_binary, gateway_config  # noqa: E402
 from router.service.supervisor import end_process  # noqa: E402
-from traces.fleet import free_port, wait_port  # noqa: E402
+from traces.live.fleet import free_port, wait_port  # noqa: E402
 
 FAKE_WORKER = ROOT.parent / "shared" / "bench" / "fake_worker.py"
 PROMPT = "You are a helpful assistant. Summarize the following text. " * 32  # about 2 KB

@@ -4,7 +4,7 @@ against the same replay through ``cache-router serve``, paired runs, median rati
     nice -n 5 .venv/bin/python bench/epp/epp_hit.py [--pairs 3] [--out bench/results/epp_hit.json]
 
 Each pair: the bundled Weka agentic sample (240 requests, 45 sessions) replayed session-paced
-at 20x (:mod:`traces.replay`, prompts rebuilt from the trace's blocks, outputs capped at 8
+at 20x (:mod:`traces.live.replay`, prompts rebuilt from the trace's blocks, outputs capped at 8
 tokens) through ``serve`` (ttft) in front of 3 fresh sim workers (time scale 50, 2M tokens of
 KV each; ``--speedup ARRIVALS TIME_SCALE`` for others), then through a GIE-style Envoy
 (router/epp/envoy_config.py: request headers and a BUFFERED body, response headers and a
@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from epp_bench import Procs, start_envoy, wait_http  # noqa: E402
 
 from router.epp.envoy_config import gateway_config  # noqa: E402
-from traces.fleet import free_port, router, scrape, sim_workers  # noqa: E402
-from traces.formats import load_trace  # noqa: E402
-from traces.replay import ReplayConfig, replay  # noqa: E402
+from traces.live.fleet import free_port, router, scrape, sim_workers  # noqa: E402
+from traces.live.replay import ReplayConfig, replay  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
 
 SPEEDUP = [20.0, 50.0]  # the replay's arrival speedup, the workers' time scale (--speedup)
 SAMPLE = ROOT / "traces" / "data" / "weka_agentic_sample.jsonl"

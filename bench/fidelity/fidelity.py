@@ -9,7 +9,7 @@ Modes: ``blocks`` / ``radix`` (approximate: the router's own shadows) and ``kv e
 (precise: the worker models' KV events, ``--kv-delay-ms`` late, into the router's KVIndex).
 Shadow error = mean |estimate at booking - true cached tokens| / prompt tokens. Pickers: the
 default (ttft) and unified; hit rate and TTFT p90 are the worker models' true figures.
-``--pacing session``: a session's next turn waits for its previous answer (traces/pacing.py).
+``--pacing session``: a session's next turn waits for its previous answer (traces/trace/pacing.py).
 ``--shadow-capacity-tokens``: the router's shadows believe this KV capacity instead of the
 workers' own; ``--correct-shadow`` (auto: on exactly then, as the proxy) runs the proxy's
 report-driven capacity correction (router/cache/feedback.py).
@@ -21,10 +21,11 @@ import argparse
 import json
 import sys
 
-from traces.formats import load_trace
-from traces.pacing import PACINGS
-from traces.simulate import CORRECTIONS, make_sim_picker
-from traces.simulator import SimConfig, simulate
+from traces.commands.options import CORRECTIONS, make_sim_picker
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.trace.formats import load_trace
+from traces.trace.pacing import PACINGS
 
 MODES = {
     "blocks": {"shadow": "blocks"},

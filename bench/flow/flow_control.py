@@ -57,17 +57,17 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "epp"))
 sys.path.insert(0, str(ROOT / "bench" / "peers"))
 
-from traces.assign import assign_tenants, parse_tenant_weights, tenant_name  # noqa: E402
-from traces.fleet import (  # noqa: E402
+from traces.live.fleet import (  # noqa: E402
     free_port,
     reset_caches,
     router,
     sim_workers,
     time_scaled_router_args,
 )
-from traces.formats import load_trace  # noqa: E402
-from traces.record import TraceRequest  # noqa: E402
-from traces.replay import ReplayConfig, ReplayOutcome, replay  # noqa: E402
+from traces.live.replay import ReplayConfig, ReplayOutcome, replay  # noqa: E402
+from traces.trace.assign import assign_tenants, parse_tenant_weights, tenant_name  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
+from traces.trace.record import TraceRequest  # noqa: E402
 
 SAMPLE = ROOT / "traces" / "data" / "conversation_sample.jsonl"
 

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from router.cache.cost_profile import from_dict  # noqa: E402
-from traces.record import BLOCK_TOKENS  # noqa: E402
+from traces.trace.record import BLOCK_TOKENS  # noqa: E402
 
 BF16 = 2
 

@@ -4,7 +4,7 @@ simulator's ingest model reproduces the order and times at which `serve` picks t
     python bench/live_vs_offline/ingest_window.py [--repeats 3] [--out bench/results/ingest_window]
 
 The simulator models the router reading request bodies (``SimConfig.ingest_bytes_per_s``,
-``ingest_window_bytes``, :class:`traces.simulator.Ingest`): the bodies in flight share one
+``ingest_window_bytes``, :class:`traces.sim.simulator.Ingest`): the bodies in flight share one
 read rate, and a body within the window is in when sent. docs/live-vs-offline.md fitted the
 window to the pickers' live ranking; this measures it on the mechanism itself. The opening
 burst of the Weka agentic sample (its 42 first turns sent at once, text prompts, 51-1000 KB
@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from live_vs_offline import read_picklog, spearman, start_router  # noqa: E402
 
-from traces.fleet import reset_caches, sim_workers  # noqa: E402
-from traces.formats import load_trace  # noqa: E402
-from traces.replay import ReplayConfig, prebuilt_bodies, replay  # noqa: E402
-from traces.simulator import Ingest  # noqa: E402
+from traces.live.fleet import reset_caches, sim_workers  # noqa: E402
+from traces.live.replay import ReplayConfig, prebuilt_bodies, replay  # noqa: E402
+from traces.sim.simulator import Ingest  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
 
 TRACE = ROOT / "traces" / "data" / "weka_agentic_sample.jsonl"
 RATES_MB_S = (50.0, 100.0, 200.0)

@@ -5,7 +5,7 @@
 
 For one configuration (trace, workers, speedup, pacing, KV capacity, output cap, requests),
 each policy runs live as ``cache-router sweep`` runs it (simulated workers at ``--speedup``,
-a fresh router per policy, the workers' caches reset in between, ``traces/replay.py``; once
+a fresh router per policy, the workers' caches reset in between, ``traces/live/replay.py``; once
 per salt, the policies' order rotated from salt to salt) and offline as ``cache-router
 simulate`` runs it on the same requests (the simulator is deterministic: once). The table
 gives live TTFT p50/p90 and hit rate (median over salts, and the range) beside the offline
@@ -49,7 +49,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from traces.fleet import (  # noqa: E402
+from traces.commands.options import cap_output, make_sim_picker  # noqa: E402
+from traces.commands.run_sweep import scaled  # noqa: E402
+from traces.live.fleet import (  # noqa: E402
     HOST,
     Service,
     free_port,
@@ -57,13 +59,11 @@ from traces.fleet import (  # noqa: E402
     sim_workers,
     time_scaled_settings,
 )
-from traces.formats import load_trace  # noqa: E402
-from traces.record import TraceRequest  # noqa: E402
-from traces.replay import ReplayConfig, replay  # noqa: E402
-from traces.simulate import cap_output, make_sim_picker  # noqa: E402
-from traces.simulator import PolicyRun, SimConfig, simulate  # noqa: E402
-from traces.sweep import scaled  # noqa: E402
-from traces.worker_model import WorkerModelConfig  # noqa: E402
+from traces.live.replay import ReplayConfig, replay  # noqa: E402
+from traces.sim.simulator import PolicyRun, SimConfig, simulate  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
+from traces.trace.record import TraceRequest  # noqa: E402
 
 
 def _data(name: str) -> str:
@@ -203,7 +203,7 @@ sys.exit(main())
 
 
 def time_scaled_env(policy: str, time_scale: float) -> dict[str, str]:
-    """:func:`traces.fleet.time_scaled_settings` as the router's environment (a user's
+    """:func:`traces.live.fleet.time_scaled_settings` as the router's environment (a user's
     ``CACHE_ROUTER_PICKER_PARAMS`` on top, unchanged)."""
     prior, params = time_scaled_settings(policy, time_scale)
     if prior is None:

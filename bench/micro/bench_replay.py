@@ -14,9 +14,9 @@ import asyncio
 
 import numpy as np
 
-from traces.fleet import sim_workers
-from traces.record import TraceRequest
-from traces.replay import ReplayConfig, replay
+from traces.live.fleet import sim_workers
+from traces.live.replay import ReplayConfig, replay
+from traces.trace.record import TraceRequest
 
 
 def main() -> None:

@@ -3,8 +3,8 @@
     python bench/models/lora_affinity.py [--workers 4] [--max-loras 2] [--adapters 8 16] [--live]
 
 Each trace's sessions are given one adapter each (``lora-0 .. lora-{N-1}``, by a hash of the
-session id: :mod:`traces.assign`), so every request runs an adapter. The offline simulator
-(:mod:`traces.simulator`: worker models with ``--max-loras`` slots, ``lora_load_s`` per
+session id: :mod:`traces.trace.assign`), so every request runs an adapter. The offline simulator
+(:mod:`traces.sim.simulator`: worker models with ``--max-loras`` slots, ``lora_load_s`` per
 load) replays each trace at each load (``--speedups``) through each picker on a fresh fleet;
 the workers' loads (swaps) and their true hit rate are reported. ``--live`` also replays the
 bundled samples (``--live-traces``) through ``cache-router serve`` in front of sim workers
@@ -27,14 +27,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from traces.assign import assign_models  # noqa: E402
-from traces.fleet import router, scrape, sim_workers  # noqa: E402
-from traces.formats import load_trace  # noqa: E402
-from traces.record import TraceRequest  # noqa: E402
-from traces.replay import ReplayConfig, replay  # noqa: E402
-from traces.simulate import make_sim_picker  # noqa: E402
-from traces.simulator import SimConfig, simulate  # noqa: E402
-from traces.worker_model import WorkerModelConfig  # noqa: E402
+from traces.commands.options import make_sim_picker  # noqa: E402
+from traces.live.fleet import router, scrape, sim_workers  # noqa: E402
+from traces.live.replay import ReplayConfig, replay  # noqa: E402
+from traces.sim.simulator import SimConfig, simulate  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.trace.assign import assign_models  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
+from traces.trace.record import TraceRequest  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 TRACES = {

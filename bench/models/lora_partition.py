@@ -33,9 +33,9 @@ from policies.base import Pick, Picker, RequestFeatures, WorkerView  # noqa: E40
 from policies.hits import UNHEALTHY, estimate_hits  # noqa: E402
 from policies.registry import make_picker  # noqa: E402
 from policies.ttft import TTFTPicker  # noqa: E402
-from traces.formats import load_trace  # noqa: E402
-from traces.simulator import SimConfig, simulate  # noqa: E402
-from traces.worker_model import WorkerModelConfig  # noqa: E402
+from traces.sim.simulator import SimConfig, simulate  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
 
 
 class PartitionPicker(TTFTPicker):

@@ -39,10 +39,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from traces.fleet import reset_caches, router, sim_workers  # noqa: E402
-from traces.formats import load_trace  # noqa: E402
-from traces.record import TraceRequest  # noqa: E402
-from traces.replay import ReplayConfig, ReplayOutcome, replay  # noqa: E402
+from traces.live.fleet import reset_caches, router, sim_workers  # noqa: E402
+from traces.live.replay import ReplayConfig, ReplayOutcome, replay  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
+from traces.trace.record import TraceRequest  # noqa: E402
 
 SAMPLE = ROOT / "traces" / "data" / "conversation_sample.jsonl"
 

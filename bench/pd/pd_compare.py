@@ -4,7 +4,7 @@
 
 For each bundled trace (traces/data: the Mooncake conversation sample, 2,000 requests, and
 the Weka agentic-coding sample, 240 requests in 45 sessions), each fleet size N (4 and 8) and
-two loads, the offline simulator (:mod:`traces.simulator`) runs N aggregated workers, N/2
+two loads, the offline simulator (:mod:`traces.sim.simulator`) runs N aggregated workers, N/2
 prefill + N/2 decode workers and 3N/4 prefill + N/4 decode workers, each with the default
 picker (``ttft``) and with ``round_robin`` (on the prefill workers of a disaggregated fleet;
 the decode workers are always picked by ``decode_load``), each on a fresh fleet. KV
@@ -35,10 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from traces.formats import load_trace  # noqa: E402
-from traces.simulate import make_sim_picker  # noqa: E402
-from traces.simulator import SimConfig, simulate  # noqa: E402
-from traces.worker_model import WorkerModelConfig  # noqa: E402
+from traces.commands.options import make_sim_picker  # noqa: E402
+from traces.sim.simulator import SimConfig, simulate  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
 
 DATA = ROOT / "traces" / "data"
 TRACES = {

@@ -11,7 +11,7 @@ prefill with its own
 ``--disaggregation-bootstrap-port``; KV transfers at the sim worker's defaults) and a
 ``cache-router serve --prefill ... --decode ... --pd-protocol F --policy P`` (decode picker:
 the default ``decode_load``) replays the first ``--requests`` requests of the bundled
-conversation sample (:mod:`traces.replay`: open loop, streamed, prompts rebuilt from the
+conversation sample (:mod:`traces.live.replay`: open loop, streamed, prompts rebuilt from the
 trace's blocks, outputs capped at ``--max-output-tokens`` as bench/models/model_fleet.py).
 
 Time: the workers run ``--time-scale`` model seconds per real second (10, as
@@ -62,9 +62,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from router.fleet.worker_truth import parse_worker_metrics  # noqa: E402
-from traces.fleet import HOST, Service, free_port, scrape, start_service  # noqa: E402
-from traces.formats import load_trace  # noqa: E402
-from traces.replay import ReplayConfig, replay  # noqa: E402
+from traces.live.fleet import HOST, Service, free_port, scrape, start_service  # noqa: E402
+from traces.live.replay import ReplayConfig, replay  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
 
 SAMPLE = ROOT / "traces" / "data" / "conversation_sample.jsonl"
 FLAVORS = ("vllm", "sglang")

@@ -20,10 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pd_compare import KEYS, LOADS, ROOT, TRACES
 
-from traces.formats import load_trace
-from traces.simulate import make_sim_picker
-from traces.simulator import SimConfig, simulate
-from traces.worker_model import WorkerModelConfig
+from traces.commands.options import make_sim_picker
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.formats import load_trace
 
 KV = 1_000_000
 FLEETS = ((2, 2), (3, 1), (4, 4))

@@ -75,16 +75,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from peer_routers import PEER_KINDS, peer_router, peer_version  # noqa: E402
 
-from traces.fleet import (  # noqa: E402
+from traces.live.fleet import (  # noqa: E402
     reset_caches,
     router,
     scrape,
     sim_workers,
     time_scaled_router_args,
 )
-from traces.formats import load_trace  # noqa: E402
-from traces.record import TraceRequest  # noqa: E402
-from traces.replay import ReplayConfig, replay  # noqa: E402
+from traces.live.replay import ReplayConfig, replay  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
+from traces.trace.record import TraceRequest  # noqa: E402
 
 CONVERSATION = ROOT / "traces" / "data" / "conversation_sample.jsonl"
 DEFAULT = "serve:ttft"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from traces.fleet import HOST, Service, free_port, start_program
+from traces.live.fleet import HOST, Service, free_port, start_program
 
 PEER_KINDS = ("smg", "vllm-router")
 

@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from policies.ttft import TTFTPicker  # noqa: E402
-from traces.formats import load_trace  # noqa: E402
-from traces.simulate import cap_output, make_sim_picker  # noqa: E402
-from traces.simulator import SimConfig, simulate  # noqa: E402
-from traces.worker_model import WorkerModelConfig  # noqa: E402
+from traces.commands.options import cap_output, make_sim_picker  # noqa: E402
+from traces.sim.simulator import SimConfig, simulate  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
 
 DATA = ROOT / "traces" / "data"
 SHARED = ROOT.parent / "shared" / "traces"

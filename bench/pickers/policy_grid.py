@@ -8,9 +8,9 @@ that round_robin's TTFT p90 is about 3 s (light), 5 s (medium) and 10 s (heavy);
 a speedup at which round_robin's queues grow without bound (its p90 is at least
 ``--overload-p90`` seconds, 60 by default). The speedups are found by bisection on
 round_robin alone and recorded in the output, so a rerun with ``--speedups FILE`` reuses them.
-Then every policy runs at every level, each on a fresh fleet (``traces.simulate``), and
+Then every policy runs at every level, each on a fresh fleet (``traces.commands.run_simulate``), and
 the table gives each policy's TTFT p50/p90/p99 and its ratio to the oracle's
-(``traces.oracle``). The Weka rows (``--weka DIR``) run at the trace's own rate and 4x with
+(``traces.sim.oracle``). The Weka rows (``--weka DIR``) run at the trace's own rate and 4x with
 262k-token KV caches.
 """
 
@@ -23,10 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from traces.formats import load_trace
-from traces.simulate import make_sim_picker, run_policies
-from traces.simulator import SimConfig, simulate
-from traces.worker_model import WorkerModelConfig
+from traces.commands.options import make_sim_picker
+from traces.commands.run_simulate import run_policies
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.formats import load_trace
 
 RESULT = Path(__file__).resolve().parents[1] / "results" / "policy_grid.json"
 

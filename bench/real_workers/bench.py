@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from router.fleet.worker_truth import parse_worker_metrics  # noqa: E402
-from traces.fleet import reset_caches, router, scrape  # noqa: E402
+from traces.live.fleet import reset_caches, router, scrape  # noqa: E402
 
 CHARS_PER_TOKEN = 3.4
 WORKER_HEADER = "x-cache-router-worker"

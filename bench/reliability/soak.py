@@ -6,7 +6,7 @@ worker kills, then check that nothing leaked.
     python bench/reliability/soak.py --requests 10000 --concurrency 64 --disconnect-rate 0.3 \
         --kill-workers 2
 
-It starts ``--workers`` sim workers and one router (traces/fleet.py: child processes on
+It starts ``--workers`` sim workers and one router (traces/live/fleet.py: child processes on
 127.0.0.1 only, stopped by the PIDs it started), then ``--concurrency`` clients send chat
 and completion requests (streamed or not, conversations that grow turn by turn so prompts
 share prefixes) over keep-alive connections, until ``--duration`` seconds or ``--requests``
@@ -55,7 +55,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from traces.fleet import HOST, Service, free_port, start_service
+from traces.live.fleet import HOST, Service, free_port, start_service
 
 COUNTERS = (
     "num_requests",

@@ -34,9 +34,17 @@ import numpy as np
 
 import traces
 from router.service.supervisor import PrivateRedis
-from traces.fleet import HOST, Haproxy, Service, free_port, reset_caches, sim_workers, start_service
-from traces.formats import load_trace
-from traces.replay import ReplayConfig, ReplayOutcome, replay
+from traces.live.fleet import (
+    HOST,
+    Haproxy,
+    Service,
+    free_port,
+    reset_caches,
+    sim_workers,
+    start_service,
+)
+from traces.live.replay import ReplayConfig, ReplayOutcome, replay
+from traces.trace.formats import load_trace
 
 CONVERSATION = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
 ONE = "one router"

@@ -21,7 +21,7 @@ is right only when the shadow evicts as the worker does, and the sim workers' ra
 evicts whole leaves (SGLang's rule; ``blocks`` evicts block by block, tail first, as vLLM).
 
 Every router gets the workers' capacities and, like ``sweep``, their time scale
-(:func:`traces.fleet.time_scaled_router_args`: the prefill prior times it, ttft's times
+(:func:`traces.live.fleet.time_scaled_router_args`: the prefill prior times it, ttft's times
 divided by it); the load bandwidth it prices is ``--kv-load-gbps`` times the time scale too
 (the workers' loads take 1/speedup real seconds). ``cache-router replay`` sends the bundled
 Weka agentic sample through it with session pacing (output capped at 64 tokens, as
@@ -35,7 +35,7 @@ workers' ``vllm:prompt_tokens_cached_by_source{source="host"}`` deltas), the rou
 per-tier shadow error from ``GET /workers`` summed over workers (``cpu_tier``
 ``abs_error_tokens`` and ``gpu_abs_error_tokens`` over the ``prompt_tokens`` of the reports
 with a tier split) and ``cache_router_shadow_error_ratio`` from ``/metrics``. The simulator
-runs the same configurations (``traces.simulator.simulate``, ``router_tiers``, ``kv_events``
+runs the same configurations (``traces.sim.simulator.simulate``, ``router_tiers``, ``kv_events``
 for (d)) on the same requests; the report says whether the live ranking of (a)-(c) by TTFT p90
 and by hit rate is the offline one. Bar (issue 43): per-tier error <= 5% in (b), <= 2% in (d).
 """
@@ -57,7 +57,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from traces.fleet import (  # noqa: E402
+from traces.commands.options import cap_output, make_sim_picker  # noqa: E402
+from traces.live.fleet import (  # noqa: E402
     HOST,
     free_port,
     reset_caches,
@@ -66,10 +67,9 @@ from traces.fleet import (  # noqa: E402
     start_service,
     time_scaled_router_args,
 )
-from traces.formats import load_trace  # noqa: E402
-from traces.simulate import cap_output, make_sim_picker  # noqa: E402
-from traces.simulator import SimConfig, simulate  # noqa: E402
-from traces.worker_model import WorkerModelConfig  # noqa: E402
+from traces.sim.simulator import SimConfig, simulate  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.trace.formats import load_trace  # noqa: E402
 
 TRACE = ROOT / "traces" / "data" / "weka_agentic_sample.jsonl"
 

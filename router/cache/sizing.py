@@ -1,7 +1,7 @@
 """One worker's router-side state, sized to its KV capacity: the one rule for every front end.
 
 ``serve`` and the EPP (:meth:`router.fleet.pool.WorkerPool.add` and ``resize``) and the offline
-simulator (:func:`traces.simulator.make_worker_states`) build each worker's
+simulator (:func:`traces.sim.simulator.make_worker_states`) build each worker's
 :class:`~router.cache.worker_state.WorkerState` here, so its shadows get the same sizes for the
 same capacity:
 

@@ -6,7 +6,7 @@ picking its worker (:meth:`router.core.routing.RouterCore.flow_wait`); the order
 saturation test are the pure functions of :mod:`router.core.flow_queue`, and the admission
 rule below (go on, wait or be shed; the queue's head released) is :class:`FlowAdmission`'s,
 free of I/O and of the clock, which the offline simulator decides with too
-(:class:`traces.simulator.Simulation`, in virtual time).
+(:class:`traces.sim.simulator.Simulation`, in virtual time).
 
 A request arrives (already admitted: in flight, ``max_inflight``):
 
@@ -95,7 +95,7 @@ class FlowAdmission:
     """The admission rule, free of I/O and of the clock: whether a request goes on, waits or
     is shed, and when the queue's head goes. :class:`FlowControl` (``serve``, the EPP) decides
     with it at the wall clock's ``now``; the offline simulator
-    (:class:`traces.simulator.Simulation`) with one of its own, in virtual time.
+    (:class:`traces.sim.simulator.Simulation`) with one of its own, in virtual time.
 
     ``views_for(model)``: the picker's views of the workers for a request naming ``model``
     (raising :class:`~router.fleet.pool.ModelNotServed` or

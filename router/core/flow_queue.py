@@ -2,7 +2,7 @@
 
 No clock, no event loop, no I/O: every time is passed in, so ``serve``, the endpoint picker
 (:mod:`router.core.flow`, which adds the waiting) and the offline simulator
-(:mod:`traces.simulator`) order and admit requests with the same code.
+(:mod:`traces.sim.simulator`) order and admit requests with the same code.
 
 - :func:`classify`: a request's priority band, flow and deadline from its headers and body:
   ``x-priority`` (an integer, higher first; negative = sheddable), else GIE's

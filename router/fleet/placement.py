@@ -5,7 +5,7 @@ report (its cached tokens scored against the estimates, the shadow's capacity co
 it is a guess) and release: :class:`Placement` is the one implementation of these steps.
 ``serve`` and the EPP reach it through :class:`router.core.routing.RouterCore` and
 :class:`router.fleet.pool.WorkerPool` (the pool's ``placement``); the offline simulator
-(:class:`traces.simulator.Simulation`) holds one per fleet side and calls the same methods in
+(:class:`traces.sim.simulator.Simulation`) holds one per fleet side and calls the same methods in
 virtual time (``now``). What stays with each front end is how a request's bytes move and when
 its events happen (a socket's bytes, a worker model's steps), not what the router decides.
 """

@@ -1,7 +1,7 @@
 """Every metric the Grafana dashboard queries exists where Prometheus scrapes it.
 
 A simulated worker and ``cache-router serve`` in front of it run on 127.0.0.1 (the
-processes of :mod:`traces.fleet`), the router with ``--state-url`` on a real redis-server so
+processes of :mod:`traces.live.fleet`), the router with ``--state-url`` on a real redis-server so
 the scale-out series exist too; a few completions go through the router so that the
 labelled series exist; both ``/metrics`` pages are parsed with prometheus_client's parser.
 Every PromQL expression of deploy/grafana/dashboards/cache-router.json (panel targets and
@@ -29,7 +29,7 @@ import promql_parser
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from traces.fleet import HOST, Service, free_port, start_service
+from traces.live.fleet import HOST, Service, free_port, start_service
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
 from scale_support import RedisServer

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from router.fleet.worker_truth import parse_worker_metrics
-from traces.fleet import Service, router
+from traces.live.fleet import Service, router
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from realworkers_support import ENABLED, SKIP_REASON, text, unique, workers_of
 
-from traces.fleet import free_port, start_service
+from traces.live.fleet import free_port, start_service
 
 pytestmark = pytest.mark.skipif(not ENABLED, reason=SKIP_REASON)
 

@@ -13,7 +13,7 @@ import yaml
 
 from router.epp.envoy_config import envoy_binary, gateway_config
 from router.service.supervisor import end_process
-from traces.fleet import free_port
+from traces.live.fleet import free_port
 
 
 class Envoy:

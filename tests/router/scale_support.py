@@ -2,7 +2,7 @@
 
 The tests skip without them, unless ``CACHE_ROUTER_REDIS=1`` (set by ``.ci/run``, which installs
 them) says they must be there: then they fail. The processes themselves are started and
-stopped, by PID, by :mod:`traces.fleet`.
+stopped, by PID, by :mod:`traces.live.fleet`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from router.service.supervisor import PrivateRedis
-from traces import fleet
+from traces.live import fleet
 
 
 def need(program: str) -> str:

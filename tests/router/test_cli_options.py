@@ -77,13 +77,13 @@ def _settings(args: argparse.Namespace) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> None:
-    from traces.simulate import config_from_args
+    from traces.commands.options import config_from_args
 
     config_from_args(args)
 
 
 def _capacity(args: argparse.Namespace) -> None:
-    from traces.capacity_cmd import grid_from_args
+    from traces.commands.options import grid_from_args
 
     _simulate(args)
     for ceiling in (float("inf"), 3.0):  # no ceiling known / the trace's load ceiling
@@ -97,7 +97,7 @@ def _sim_worker(args: argparse.Namespace) -> None:
 
 
 def _synth(args: argparse.Namespace) -> None:
-    from traces.cli import synth_config
+    from traces.commands.trace import synth_config
 
     synth_config(args)
 

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from scale_support import Haproxy, RedisServer, need
 
 import traces
-from traces.fleet import Service, free_port, reset_caches, sim_workers
-from traces.formats import load_trace
-from traces.replay import ReplayConfig, ReplayOutcome, replay
+from traces.live.fleet import Service, free_port, reset_caches, sim_workers
+from traces.live.replay import ReplayConfig, ReplayOutcome, replay
+from traces.trace.formats import load_trace
 
 CONVERSATION = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
 BENCH = Path(__file__).parents[2] / "bench" / "scale_out" / "scale_replay.py"

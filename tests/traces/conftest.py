@@ -19,9 +19,9 @@ from types import ModuleType
 import pytest
 import uvicorn
 
-from traces.formats import load_trace
-from traces.record import TraceRequest
 from traces.sim_worker.server import SimWorkerConfig, create_app
+from traces.trace.formats import load_trace
+from traces.trace.record import TraceRequest
 
 SHARED = Path(__file__).parents[2].parent / "shared" / "traces"
 BENCH = Path(__file__).parents[2] / "bench"

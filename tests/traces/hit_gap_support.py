@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from policies.base import Pick, RequestFeatures, WorkerView
-from traces.record import TraceRequest
-from traces.simulator import PolicyRun, SimConfig, simulate
-from traces.worker_model import WorkerModelConfig
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.record import TraceRequest
+from traces.trace.run import PolicyRun
 
 
 class Scripted:

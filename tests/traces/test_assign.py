@@ -1,11 +1,11 @@
-"""traces/assign.py: the weights in `--tenants 4:1` and `trace models --model NAME:WEIGHT`
+"""traces/trace/assign.py: the weights in `--tenants 4:1` and `trace models --model NAME:WEIGHT`
 are held to the rule of every other weight (router/validation.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from traces.assign import parse_model_weights, parse_tenant_weights
+from traces.trace.assign import parse_model_weights, parse_tenant_weights
 
 
 def test_weights_parse() -> None:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from traces.formats import azure, load_trace
-from traces.record import TraceFormatError
+from traces.trace.formats import azure, load_trace
+from traces.trace.record import TraceFormatError
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from traces.formats import bailian, load_trace
-from traces.record import TraceFormatError
+from traces.trace.formats import bailian, load_trace
+from traces.trace.record import TraceFormatError
 
 
 def test_sessions_from_parent_chain_and_turns(data: Path) -> None:

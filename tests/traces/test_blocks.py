@@ -4,8 +4,8 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from traces.blocks import PrefixKeyer, block_keys, scope_root
-from traces.record import TraceFormatError
+from traces.trace.blocks import PrefixKeyer, block_keys, scope_root
+from traces.trace.record import TraceFormatError
 
 
 def reference_keys(ids: list[int], group: int, root: int) -> list[int]:

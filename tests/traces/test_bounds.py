@@ -1,4 +1,4 @@
-"""The bounds (traces/bounds.py) on tiny traces worked by hand, and against the simulator."""
+"""The bounds (traces/sim/bounds.py) on tiny traces worked by hand, and against the simulator."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import pytest
 
 import traces
 from router.cli import build_parser
-from traces.bounds import (
+from traces.commands.options import make_sim_picker
+from traces.commands.run_simulate import run_and_report
+from traces.sim.bounds import (
     belady_hits,
     fleet_floors,
     hit_tokens,
@@ -23,12 +25,12 @@ from traces.bounds import (
     trace_bounds,
     ttft_floors,
 )
-from traces.formats import load_trace
-from traces.record import TraceFormatError, TraceRequest
-from traces.simulate import make_sim_picker, run_and_report
-from traces.simulator import SimConfig, simulate
-from traces.stats import hit_ceiling
-from traces.worker_model import WorkerModelConfig
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.formats import load_trace
+from traces.trace.record import TraceFormatError, TraceRequest
+from traces.trace.stats import hit_ceiling
 
 CONVERSATION = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
 MODEL = WorkerModelConfig(

@@ -3,8 +3,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from traces.cap import build_capped_trace
-from traces.record import TraceRequest, finalize
+from traces.trace.cap import build_capped_trace
+from traces.trace.record import TraceRequest, finalize
 
 
 def seed_002(requests: list[TraceRequest], max_turns: int) -> list[TraceRequest]:

@@ -1,4 +1,4 @@
-"""The capacity search (traces/capacity.py) on fake curves, and ``cache-router capacity``."""
+"""The capacity search (traces/sim/capacity.py) on fake curves, and ``cache-router capacity``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from router.cli import main
-from traces.capacity import SLO, Grid, Point, parse_slo, search_capacity, slos_hold, summarize
-from traces.capacity_report import below_bound
+from traces.reports.capacity import below_bound
+from traces.sim.capacity import SLO, Grid, Point, parse_slo, search_capacity, slos_hold, summarize
 
 P90 = SLO("ttft", 90, 2.0)
 

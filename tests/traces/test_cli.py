@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from router.cli import main
-from traces.cap import build_capped_trace
-from traces.formats import load_trace
-from traces.synth import SynthConfig, synthesize
+from traces.trace.cap import build_capped_trace
+from traces.trace.formats import load_trace
+from traces.trace.synth import SynthConfig, synthesize
 
 
 def test_stats_text_and_json(shared: Callable, capsys: pytest.CaptureFixture[str]) -> None:

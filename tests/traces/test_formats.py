@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from traces.formats import FORMATS, detect_format, load_trace
-from traces.record import TraceFormatError
+from traces.trace.formats import FORMATS, detect_format, load_trace
+from traces.trace.record import TraceFormatError
 
 
 @pytest.mark.parametrize(

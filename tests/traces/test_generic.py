@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from traces.blocks import block_keys
-from traces.formats import generic, load_trace
-from traces.record import TraceFormatError
+from traces.trace.blocks import block_keys
+from traces.trace.formats import generic, load_trace
+from traces.trace.record import TraceFormatError
 
 
 def test_sample(data: Path) -> None:
@@ -60,7 +60,7 @@ def test_bad_records_name_file_and_line(tmp_path: Path, line: str, error: str) -
 
 
 def test_model_is_read_and_written(tmp_path: Path) -> None:
-    from traces.writer import write_jsonl
+    from traces.trace.writer import write_jsonl
 
     path = tmp_path / "t.jsonl"
     path.write_text(

@@ -1,4 +1,4 @@
-"""GPU cost profiles (traces/gpu_profile.py) in the worker model, against the measured data.
+"""GPU cost profiles (traces/sim/gpu_profile.py) in the worker model, against the measured data.
 
 The measured rows are bench/gpu/data/ (gpu_calib.py on one H200 and one H100): a chunk row
 is one forward pass of ``new`` tokens after ``prefix`` cached ones. The pairs below run on
@@ -17,18 +17,19 @@ import numpy as np
 import pytest
 
 from router.cli import main
-from traces import gpu_profile
-from traces.bounds import prefill_seconds, trace_bounds, ttft_floors
-from traces.formats import load_trace
-from traces.simulate import make_sim_picker
-from traces.simulator import SimConfig, simulate
-from traces.worker_model import (
+from traces.commands.options import make_sim_picker
+from traces.sim import gpu_profile
+from traces.sim.bounds import prefill_seconds, trace_bounds, ttft_floors
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import (
     SimRequest,
     WorkerModel,
     WorkerModelConfig,
     model_argv,
     model_config_from_args,
 )
+from traces.trace.formats import load_trace
 
 DATA = Path(__file__).parents[2] / "bench" / "gpu" / "data"
 SHIPPED = ("h100-llama8b", "h200-llama8b", "h200-llama70b-tp1", "h200-llama70b-tp4",
@@ -234,7 +235,7 @@ def test_model_argv_carries_the_profile() -> None:
     profile: the flags parse back to the same config."""
     import argparse
 
-    from traces.worker_model import add_model_options
+    from traces.sim.worker_model import add_model_options
 
     for cfg in (config("h200-llama70b-tp4"), WorkerModelConfig(), WorkerModelConfig(profile=None)):
         parser = argparse.ArgumentParser()
@@ -320,7 +321,7 @@ def test_a_flat_model_flag_beside_a_profile_is_refused() -> None:
     (the default's included) would be ignored silently, so it is refused, naming the fix."""
     import argparse
 
-    from traces.worker_model import FLAT_FLAGS, add_model_options
+    from traces.sim.worker_model import FLAT_FLAGS, add_model_options
 
     parser = argparse.ArgumentParser()
     add_model_options(parser, "kv")

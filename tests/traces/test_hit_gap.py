@@ -1,4 +1,4 @@
-"""The hit gap split into causes (traces/hit_gap.py): exact token counts on hand-made fleets,
+"""The hit gap split into causes (traces/sim/hit_gap.py): exact token counts on hand-made fleets,
 and the parts adding up to the ceiling on real samples."""
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from traces.bounds import belady_hits, hit_tokens, trace_bounds
-from traces.formats import load_trace
-from traces.hit_gap import PARTS, CeilingHits, HitGap, block_weights, pooled_lru_hits
-from traces.simulate import make_sim_picker
-from traces.simulator import PolicyRun, SimConfig, simulate
-from traces.worker_model import WorkerModelConfig
+from traces.commands.options import make_sim_picker
+from traces.sim.bounds import belady_hits, hit_tokens, trace_bounds
+from traces.sim.config import SimConfig
+from traces.sim.hit_gap import PARTS, CeilingHits, HitGap, block_weights, pooled_lru_hits
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.formats import load_trace
+from traces.trace.run import PolicyRun
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -1,4 +1,4 @@
-"""The hit-gap report (traces/hit_gap_report.py): ``simulate``'s results.json, table and flag,
+"""The hit-gap report (traces/reports/hit_gap.py): ``simulate``'s results.json, table and flag,
 and ``capacity``'s gap at capacity."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from router.cli import build_parser, main
-from traces.capacity_report import capacity_table
-from traces.formats import load_trace
-from traces.hit_gap import PARTS
-from traces.hit_gap_report import COLUMNS, GAP_METRICS, hit_gap_table
-from traces.simulate import run_and_report
+from traces.commands.run_simulate import run_and_report
+from traces.reports.capacity import capacity_table
+from traces.reports.hit_gap import COLUMNS, GAP_METRICS, hit_gap_table
+from traces.sim.hit_gap import PARTS
+from traces.trace.formats import load_trace
 
 SAMPLE = str(Path(__file__).parents[2] / "traces" / "data" / "weka_agentic_sample.jsonl")
 

@@ -11,8 +11,8 @@ import pytest
 import zmq
 
 from router.cache.kv_index import END_SEQ, decode_batch
-from traces.kv_event_publisher import KVEventPublisher, PublisherConfig, config_from_json
-from traces.kv_event_wire import FLAVORS
+from traces.sim_worker.kv_event_publisher import KVEventPublisher, PublisherConfig, config_from_json
+from traces.sim_worker.kv_event_wire import FLAVORS
 
 TIMEOUT_MS = 5000
 

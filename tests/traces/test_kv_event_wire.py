@@ -7,8 +7,8 @@ import msgspec
 
 from router.cache.block_hash import hash_blocks, token_bytes
 from router.cache.kv_index import KVEventFeed, KVIndex, decode_batch
-from traces.kv_event_wire import encode_batch, sglang_hash, vllm_hash
-from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+from traces.sim.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+from traces.sim_worker.kv_event_wire import encode_batch, sglang_hash, vllm_hash
 
 IDS = list(range(7, 7 + 3 * 512 + 100))
 

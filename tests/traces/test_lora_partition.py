@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from traces.formats import load_trace
-from traces.simulator import SimConfig, simulate
-from traces.worker_model import WorkerModelConfig
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.formats import load_trace
 
 ROOT = Path(__file__).parents[2]
 

@@ -1,4 +1,4 @@
-"""The fleet ledger (traces/miss_causes.py): each missed block's state at admission, on
+"""The fleet ledger (traces/sim/miss_causes.py): each missed block's state at admission, on
 timelines worked out by hand (tests/traces/hit_gap_support.py)."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from traces.miss_causes import ELSEWHERE, HIT, NEW, PREFILLING, QUEUED, UNSERVED
-from traces.simulate import make_sim_picker
-from traces.simulator import SimConfig, simulate
+from traces.commands.options import make_sim_picker
+from traces.sim.config import SimConfig
+from traces.sim.miss_causes import ELSEWHERE, HIT, NEW, PREFILLING, QUEUED, UNSERVED
+from traces.sim.simulator import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from traces.formats import load_trace, mooncake
-from traces.record import TraceFormatError, TraceRequest
+from traces.trace.formats import load_trace, mooncake
+from traces.trace.record import TraceFormatError, TraceRequest
 
 
 def raw(path: Path) -> list[dict]:

@@ -8,12 +8,14 @@ import pytest
 
 import traces
 from router.config import Settings
-from traces.formats import load_trace
-from traces.oracle import OraclePicker, TruthView
-from traces.report import markdown_table, results_document
-from traces.simulate import make_sim_picker, parse_policies, run_policies
-from traces.simulator import SimConfig, make_worker_states
-from traces.worker_model import SimRequest, WorkerModel
+from traces.commands.options import make_sim_picker, parse_policies
+from traces.commands.run_simulate import run_policies
+from traces.reports.results import markdown_table, results_document
+from traces.sim.config import SimConfig
+from traces.sim.oracle import OraclePicker, TruthView
+from traces.sim.simulator import make_worker_states
+from traces.sim.worker_model import SimRequest, WorkerModel
+from traces.trace.formats import load_trace
 
 CONVERSATION = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from traces.pacing import predecessors, release_time
-from traces.record import TraceRequest
+from traces.trace.pacing import predecessors, release_time
+from traces.trace.record import TraceRequest
 
 
 def req(arrival: float, session: str, think: float | None = None) -> TraceRequest:

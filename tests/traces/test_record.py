@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from traces.record import (
+from traces.trace.record import (
     MAX_COUNT,
     MAX_TIME,
     TraceFormatError,

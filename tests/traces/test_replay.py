@@ -7,10 +7,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from traces.fleet import sim_workers
-from traces.prompts import prompt_text, prompt_token_ids
-from traces.record import TraceRequest
-from traces.replay import ReplayConfig, replay
+from traces.live.fleet import sim_workers
+from traces.live.replay import ReplayConfig, replay
+from traces.trace.prompts import prompt_text, prompt_token_ids
+from traces.trace.record import TraceRequest
 
 
 def shared_prefix_trace(n: int, gap: float, input_length: int = 1100) -> list[TraceRequest]:
@@ -125,7 +125,7 @@ def test_a_connection_lost_before_the_first_token_is_retried_and_one_lost_mid_st
 
 
 def test_a_requests_own_model_is_sent() -> None:
-    from traces.replay import _body
+    from traces.live.replay import _body
 
     req = TraceRequest(0.0, "s", 1, 600, 4, (1,), model="lora-2")
     cfg = ReplayConfig(url="http://127.0.0.1:1")
@@ -139,8 +139,8 @@ def test_bodies_are_built_before_the_clock_within_a_budget(monkeypatch) -> None:
     past the budget is left to be built when sent."""
     import orjson
 
-    import traces.replay as replay_module
-    from traces.replay import _body, prebuilt_bodies
+    import traces.live.replay as replay_module
+    from traces.live.replay import _body, prebuilt_bodies
 
     trace = shared_prefix_trace(6, 0.0, input_length=4000)
     cfg = ReplayConfig(url="http://127.0.0.1:1", prompt_mode="text", salt=3)

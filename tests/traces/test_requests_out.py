@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from router.cli import main
-from traces.cap import build_capped_trace
-from traces.formats import load_trace
-from traces.requests_out import request_lines
-from traces.simulate import make_sim_picker
-from traces.simulator import SimConfig, simulate
+from traces.commands.options import make_sim_picker
+from traces.reports.requests_out import request_lines
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.trace.cap import build_capped_trace
+from traces.trace.formats import load_trace
 
 FIELDS = {"policy", "index", "request_id", "session_id", "turn", "status", "arrival_s", "ttft_s",
           "e2e_s", "input_length", "output_length", "cached_tokens", "estimated_tokens",
@@ -69,8 +70,8 @@ def test_the_routers_prediction_of_a_prompt_extending_a_cached_one(gpu: str) -> 
     """With the workers' own profile, the router predicts what the worker model takes for
     the second of a pair (p cached tokens, s new ones), every point; flat, it misses."""
     from router.cache.cost_profile import resolve
-    from traces.record import TraceRequest
-    from traces.worker_model import WorkerModelConfig
+    from traces.sim.worker_model import WorkerModelConfig
+    from traces.trace.record import TraceRequest
 
     trace, arrival = [], 0.0
     for k, (p, s) in enumerate([(16_384, 2048), (65_536, 4096), (131_072, 2048), (8192, 8192)]):

@@ -1,7 +1,7 @@
 import pytest
 
-from traces.record import TraceRequest
-from traces.sessions import infer_sessions
+from traces.trace.record import TraceRequest
+from traces.trace.sessions import infer_sessions
 
 
 def reqs(*blocks: tuple[int, ...]) -> list[TraceRequest]:

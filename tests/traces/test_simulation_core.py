@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from types import CodeType, SimpleNamespace
 
-import traces.simulator as simulator_module
+import traces.sim.simulator as simulator_module
 from policies.base import RequestFeatures
 from policies.registry import make_picker
 from router.cache.sizing import shadow_sizes
@@ -26,11 +26,12 @@ from router.core.tokenize import make_tokenizer
 from router.core.usage import Usage
 from router.fleet.placement import Placement
 from router.fleet.pool import WorkerPool
-from traces.fleet import reset_caches, router, sim_workers, time_scaled_router_args
-from traces.record import BLOCK_TOKENS, TraceRequest
-from traces.replay import ReplayConfig, replay
-from traces.simulator import SimConfig, Simulation, simulate
-from traces.worker_model import WorkerModelConfig
+from traces.live.fleet import reset_caches, router, sim_workers, time_scaled_router_args
+from traces.live.replay import ReplayConfig, replay
+from traces.sim.config import SimConfig
+from traces.sim.simulator import Simulation, simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.record import BLOCK_TOKENS, TraceRequest
 
 # the decisions: one implementation, which both front ends must reach
 DECISIONS = {

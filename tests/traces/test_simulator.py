@@ -12,14 +12,15 @@ import pytest
 import traces
 from policies.registry import make_picker
 from router.cli import main
-from traces.formats import load_trace
-from traces.pacing import predecessors
-from traces.record import TraceRequest
-from traces.simulate import run_policies
-from traces.simulator import SimConfig, simulate
-from traces.stats import hit_ceiling
-from traces.synth import SynthConfig, synthesize
-from traces.worker_model import WorkerModelConfig
+from traces.commands.run_simulate import run_policies
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.formats import load_trace
+from traces.trace.pacing import predecessors
+from traces.trace.record import TraceRequest
+from traces.trace.stats import hit_ceiling
+from traces.trace.synth import SynthConfig, synthesize
 
 HUGE = WorkerModelConfig(kv_capacity_tokens=10**10)
 SAMPLE = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
@@ -158,7 +159,7 @@ def test_lora_adapters_swaps_and_their_own_caches(conversation):
     adapters (counted), no batch exceeds its slots (the models enforce it), an adapter's
     blocks are no hit for another; the default picker keeps adapters where they are
     resident, so it swaps less than round-robin."""
-    from traces.assign import assign_models
+    from traces.trace.assign import assign_models
 
     trace = assign_models(conversation[:600], [(f"lora-{i}", 1.0) for i in range(8)])
     config = SimConfig(workers=4, worker=WorkerModelConfig(max_loras=2), speedup=0.5)
@@ -180,8 +181,8 @@ def test_the_routers_reading_of_bodies_orders_and_delays_a_burst():
     small ones reach the picker first and the big ones late (round-robin shows the order;
     TTFT counts from the send); a body within ``ingest_window_bytes`` is in at once, in send
     order."""
-    from traces.record import TraceRequest
-    from traces.simulator import Ingest
+    from traces.sim.simulator import Ingest
+    from traces.trace.record import TraceRequest
 
     lengths = [4096, 1024, 2048, 512]
     trace = []

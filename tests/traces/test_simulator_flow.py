@@ -10,9 +10,10 @@ import pytest
 
 import traces
 from policies.registry import make_picker
-from traces.assign import assign_tenants
-from traces.formats import load_trace
-from traces.simulator import SimConfig, simulate
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.trace.assign import assign_tenants
+from traces.trace.formats import load_trace
 
 SAMPLE = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
 

@@ -9,9 +9,10 @@ import pytest
 
 import traces
 from policies.registry import make_picker
-from traces.formats import load_trace
-from traces.simulator import SimConfig, simulate
-from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+from traces.trace.formats import load_trace
 
 SAMPLE = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
 SMALL = WorkerModelConfig(kv_capacity_tokens=64 * 512)

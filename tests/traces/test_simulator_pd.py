@@ -1,4 +1,4 @@
-"""Disaggregated prefill/decode fleets in the offline simulator (traces/simulator.py)."""
+"""Disaggregated prefill/decode fleets in the offline simulator (traces/sim/simulator.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 import traces
-import traces.simulator as simulator
+import traces.sim.simulator as simulator
 from policies.registry import make_picker
 from router.cli import main
-from traces.formats import load_trace
-from traces.record import TraceRequest
-from traces.simulator import SimConfig, simulate
-from traces.worker_model import WorkerModelConfig
+from traces.sim.config import SimConfig
+from traces.sim.simulator import simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.formats import load_trace
+from traces.trace.record import TraceRequest
 
 DATA = Path(traces.__file__).parent / "data"
 CONVERSATION = DATA / "conversation_sample.jsonl"

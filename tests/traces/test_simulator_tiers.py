@@ -13,12 +13,14 @@ import pytest
 import traces
 from policies.registry import make_picker
 from router.cli import main
-from traces import simulate as simulate_cmd
-from traces.bounds import trace_bounds
-from traces.formats import load_trace
-from traces.record import TraceRequest
-from traces.simulator import SimConfig, make_worker_states, simulate
-from traces.worker_model import WorkerModelConfig
+from traces.commands import simulate as simulate_cmd
+from traces.commands.options import config_from_args
+from traces.sim.bounds import trace_bounds
+from traces.sim.config import SimConfig
+from traces.sim.simulator import make_worker_states, simulate
+from traces.sim.worker_model import WorkerModelConfig
+from traces.trace.formats import load_trace
+from traces.trace.record import TraceRequest
 
 SAMPLE = Path(traces.__file__).parent / "data" / "weka_agentic_sample.jsonl"
 GPU = 131_072
@@ -153,10 +155,10 @@ def test_flags_reach_the_config():
     simulate_cmd.add_parser(parser.add_subparsers())
     argv = ["simulate", "--trace", str(SAMPLE), "--cpu-kv-capacity-tokens", "4096",
             "--kv-load-gbps", "8", "--router-tiers", "exact", "--gpu-profile", "flat"]  # fmt: skip
-    config = simulate_cmd.config_from_args(parser.parse_args(argv))
+    config = config_from_args(parser.parse_args(argv))
     assert config.router_tiers == "exact"
     assert (config.worker.cpu_kv_capacity_tokens, config.worker.kv_load_gbps) == (4096, 8.0)
-    default = simulate_cmd.config_from_args(parser.parse_args(["simulate", "--trace", "x"]))
+    default = config_from_args(parser.parse_args(["simulate", "--trace", "x"]))
     assert default.router_tiers == "on" and default.worker.cpu_kv_capacity_tokens == 0
 
 

@@ -2,9 +2,9 @@ from collections.abc import Callable
 
 import pytest
 
-from traces.formats import load_trace
-from traces.record import TraceRequest
-from traces.stats import distribution, format_stats, hit_ceiling, trace_stats
+from traces.trace.formats import load_trace
+from traces.trace.record import TraceRequest
+from traces.trace.stats import distribution, format_stats, hit_ceiling, trace_stats
 
 
 def req(blocks: tuple[int, ...], length: int, session: str = "s") -> TraceRequest:

@@ -11,11 +11,12 @@ import pytest
 
 import traces
 from router.cli import build_parser, main
-from traces.formats import load_trace
-from traces.simulate import run_and_report
-from traces.sweep import run_sweep, select
-from traces.synth import SynthConfig, synthesize
-from traces.writer import write_jsonl
+from traces.commands.options import select
+from traces.commands.run_simulate import run_and_report
+from traces.commands.run_sweep import run_sweep
+from traces.trace.formats import load_trace
+from traces.trace.synth import SynthConfig, synthesize
+from traces.trace.writer import write_jsonl
 
 CONVERSATION = Path(traces.__file__).parent / "data" / "conversation_sample.jsonl"
 SLOW = pytest.mark.skipif(
@@ -111,7 +112,7 @@ def test_demo_live_runs_the_six_policies(tmp_path: Path, capsys):
 
 def test_a_router_in_front_of_time_scaled_workers_prices_in_their_seconds():
     from policies.ttft import TTFTPicker
-    from traces.fleet import time_scaled_router_args
+    from traces.live.fleet import time_scaled_router_args
 
     assert time_scaled_router_args("ttft", 1.0) == []
     assert time_scaled_router_args("unified", 20.0) == [
@@ -156,7 +157,7 @@ def test_sweep_names_an_unreachable_worker(tmp_path: Path, capsys) -> None:
 
 
 def test_the_median_of_a_histograms_buckets():
-    from traces.sweep import bucket_median
+    from traces.commands.run_sweep import bucket_median
 
     inf = float("inf")
     # 10 observations: 4 at most 0.01, 8 at most 0.05, all at most 0.1

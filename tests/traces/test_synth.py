@@ -5,11 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from traces.formats import load_trace
-from traces.record import TraceRequest
-from traces.stats import hit_ceiling
-from traces.synth import SynthConfig, synthesize
-from traces.writer import write_jsonl
+from traces.trace.formats import load_trace
+from traces.trace.record import TraceRequest
+from traces.trace.stats import hit_ceiling
+from traces.trace.synth import SynthConfig, synthesize
+from traces.trace.writer import write_jsonl
 
 
 def sessions(requests: list[TraceRequest]) -> dict[str, list[TraceRequest]]:

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from traces.blocks import block_keys, scope_root
-from traces.formats import load_trace, weka
-from traces.record import TraceFormatError, TraceRequest
+from traces.trace.blocks import block_keys, scope_root
+from traces.trace.formats import load_trace, weka
+from traces.trace.record import TraceFormatError, TraceRequest
 
 
 def by_session(requests: list[TraceRequest]) -> dict[str, list[TraceRequest]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+from traces.sim.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from traces.sim_worker import server
-from traces.worker_model import (
+from traces.sim.worker_model import (
     SimRequest,
     WorkerModel,
     WorkerModelConfig,
@@ -18,6 +17,7 @@ from traces.worker_model import (
     model_argv,
     model_config_from_args,
 )
+from traces.sim_worker import server
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from traces.formats import load_trace
-from traces.record import TraceRequest
-from traces.stats import hit_ceiling
-from traces.writer import request_to_json, write_jsonl
+from traces.trace.formats import load_trace
+from traces.trace.record import TraceRequest
+from traces.trace.stats import hit_ceiling
+from traces.trace.writer import request_to_json, write_jsonl
 
 
 def assert_same_trace(a: list[TraceRequest], b: list[TraceRequest]) -> None:

@@ -3,7 +3,7 @@ tests and its CPU tier's share it)."""
 
 from __future__ import annotations
 
-from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+from traces.sim.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 
 
 class Driver:

@@ -33,9 +33,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from traces.record import BLOCK_TOKENS
+from traces.sim.worker_model import SimRequest, WorkerModel, WorkerModelConfig
 from traces.sim_worker.api import FINISH_REASON
-from traces.worker_model import SimRequest, WorkerModel, WorkerModelConfig
+from traces.trace.record import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
 

@@ -51,10 +51,10 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from router.cache.lora import adapter_blocks
-from traces import kv_transfer
-from traces.record import BLOCK_TOKENS
+from traces.sim import kv_transfer
 from traces.sim_worker.api import ApiError, GenRequest
 from traces.sim_worker.engine import RealTimeWorker
+from traces.trace.record import BLOCK_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class PdConfig:
     """One worker's side of disaggregated serving (``role`` both: aggregated, as before)."""
 
     role: Role = "both"
-    # the KV transfer's cost, model time (traces/kv_transfer.py)
+    # the KV transfer's cost, model time (traces/sim/kv_transfer.py)
     kv_transfer_latency_s: float = kv_transfer.LATENCY_S
     kv_transfer_gbps: float = kv_transfer.GBPS
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN

@@ -1,6 +1,6 @@
 """``cache-router sim-worker``: the simulator's worker model as a real OpenAI-compatible server.
 
-The same :class:`traces.worker_model.WorkerModel` the offline simulator runs in virtual time
+The same :class:`traces.sim.worker_model.WorkerModel` the offline simulator runs in virtual time
 runs here against the event loop's clock, so a router in front of it sees real latencies,
 real queueing and a real prefix cache, without a GPU. It speaks vLLM's API
 (``/v1/chat/completions``, ``/v1/completions``, ``/tokenize``, ``/v1/models``, ``/health``,
@@ -12,14 +12,14 @@ LoRA (``--lora NAME ...``): the worker serves those adapters of its model as vLL
 ``--enable-lora --lora-modules``: ``/v1/models`` lists each with ``parent`` set to the base
 model, a request whose ``model`` names one runs it (its own prefix cache, at most
 ``--max-loras`` adapters in a batch, ``--lora-load-ms`` per load: see
-:mod:`traces.worker_model`), and ``/metrics`` has vLLM's ``vllm:lora_requests_info`` plus
+:mod:`traces.sim.worker_model`), and ``/metrics`` has vLLM's ``vllm:lora_requests_info`` plus
 ``sim:lora_swaps_total`` (adapters loaded). A model the worker does not serve is a 404, as
 vLLM answers.
 
 ``--flavor sglang`` exports SGLang's metric names instead and encodes KV events as SGLang
 does; ``--kv-events-config`` publishes the model's KV events over ZMQ as both engines do
-(:mod:`traces.kv_event_publisher`, :mod:`traces.kv_event_wire`), so precise mode runs live
-without a GPU.
+(:mod:`traces.sim_worker.kv_event_publisher`, :mod:`traces.sim_worker.kv_event_wire`), so
+precise mode runs live without a GPU.
 
 Disaggregated serving (``--role prefill|decode``; ``both``, the default, is aggregated and
 ignores the fields below): the worker plays one side of prefill/decode disaggregation in
@@ -79,10 +79,8 @@ from router.validation import (
     integer,
     refuse,
 )
-from traces import kv_transfer
-from traces.kv_event_publisher import KVEventPublisher, PublisherConfig, config_from_json
-from traces.kv_event_wire import FLAVORS, Flavor
-from traces.record import BLOCK_TOKENS
+from traces.sim import kv_transfer
+from traces.sim.worker_model import WorkerModelConfig, add_model_options, model_config_from_args
 from traces.sim_worker.api import (
     ApiError,
     GenRequest,
@@ -101,6 +99,8 @@ from traces.sim_worker.engine import (
     VllmCollector,
     WorkerUnavailable,
 )
+from traces.sim_worker.kv_event_publisher import KVEventPublisher, PublisherConfig, config_from_json
+from traces.sim_worker.kv_event_wire import FLAVORS, Flavor
 from traces.sim_worker.pd import (
     DEFAULT_BOOTSTRAP_PORT,
     ROLES,
@@ -110,7 +110,7 @@ from traces.sim_worker.pd import (
     PdConfig,
 )
 from traces.sim_worker.responses import ResponsesApi, transcriptions
-from traces.worker_model import WorkerModelConfig, add_model_options, model_config_from_args
+from traces.trace.record import BLOCK_TOKENS
 
 MODEL_LEN = integer(2, MAX_TOKENS)
 """The longest prompt + output: one token of each at least."""
@@ -126,7 +126,7 @@ class SimWorkerConfig:
     seed: int | None = None  # response ids only: the model itself is deterministic
     max_model_len: int | None = None  # None: the KV capacity, as vLLM caps it
     flavor: Flavor = "vllm"  # the engine it imitates: /metrics names, KV event encoding
-    kv_events: PublisherConfig | None = None  # publish KV events (traces/kv_event_publisher.py)
+    kv_events: PublisherConfig | None = None  # publish KV events (kv_event_publisher.py)
     loras: tuple[str, ...] = ()  # LoRA adapters served (vLLM's --lora-modules names)
     pd: PdConfig = field(default_factory=PdConfig)  # disaggregated prefill/decode role
 
@@ -454,7 +454,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sim-worker",
         help="run a simulated OpenAI-compatible worker (real radix KV cache, batching model)",
         description="The simulator's worker model as an HTTP server with vLLM's API and "
-        "metrics and SGLang's /generate. See traces/sim_worker/ and traces/worker_model.py.",
+        "metrics and SGLang's /generate. See traces/sim_worker/ and traces/sim/worker_model.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind")

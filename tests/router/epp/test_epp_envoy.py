@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from conftest import wait_until
 from envoy_support import Envoy
 
-from traces.fleet import Service, free_port, sim_workers, start_service
+from traces.live.fleet import Service, free_port, sim_workers, start_service
 
 SIM_ARGS = ["--time-scale", "50", "--log-level", "warning", "--kv-capacity-tokens", "2097152"]
 MODES = [
@@ -240,9 +240,9 @@ def test_a_replay_through_envoy_hits_the_cache_as_serve_does(tmp_path) -> None:
     guards against losing more than noise (round-robin through serve: 0.456, 0.62x)."""
     import asyncio
 
-    from traces.fleet import router
-    from traces.formats import load_trace
-    from traces.replay import ReplayConfig, replay
+    from traces.live.fleet import router
+    from traces.live.replay import ReplayConfig, replay
+    from traces.trace.formats import load_trace
 
     sample = Path(__file__).parents[3] / "traces" / "data" / "weka_agentic_sample.jsonl"
     trace = load_trace(sample)  # 240 requests, 45 sessions

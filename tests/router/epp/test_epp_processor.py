@@ -19,7 +19,7 @@ from router.epp.endpoints import Endpoints
 from router.epp.processor import DESTINATION, LB_NAMESPACE
 from router.epp.service import ExternalProcessor
 from router.service.app import create_app
-from traces.fleet import Service, sim_workers
+from traces.live.fleet import Service, sim_workers
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from ext_proc_support import (
     router_app,
 )
 
-from traces.fleet import Service, sim_workers
+from traces.live.fleet import Service, sim_workers
 
 RESPONSE_ID = "resp_split2"
 BODY = b'{"id":"resp_split2","object":"response","status":"completed","output":[]}'

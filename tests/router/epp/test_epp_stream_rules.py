@@ -36,7 +36,7 @@ from ext_proc_support import (
 )
 
 from router.epp.processor import RequestStream
-from traces.fleet import Service, sim_workers
+from traces.live.fleet import Service, sim_workers
 
 PROMPT = b'{"model": "sim-model", "prompt": "hello there", "max_tokens": 2}'
 USAGE = b'{"usage": {"prompt_tokens": 3, "completion_tokens": 2}}'

@@ -63,7 +63,7 @@ from reliability_support import all_zero, booked
 from router.config import load_settings
 from router.epp.processor import DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE, RequestStream
 from router.service.app import RouterApp, create_app
-from traces.fleet import Service, sim_workers
+from traces.live.fleet import Service, sim_workers
 
 SLOW = os.environ.get("CACHE_ROUTER_SLOW") == "1"
 TOTAL = int(os.environ.get("CACHE_ROUTER_FUZZ_EXAMPLES", 6000 if SLOW else 1500))

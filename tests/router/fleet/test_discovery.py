@@ -19,7 +19,7 @@ from router.config import load_settings
 from router.fleet.discovery import Discovery, make_source, split_role
 from router.fleet.membership import Membership
 from router.fleet.pool import WorkerPool
-from traces.fleet import Service, free_port, start_service
+from traces.live.fleet import Service, free_port, start_service
 
 INTERVAL = 0.25
 NAME = "workers.test"

@@ -35,7 +35,7 @@ import pytest
 from conftest import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from traces.fleet import Service, free_port, start_service
+from traces.live.fleet import Service, free_port, start_service
 
 SIM_ARGS = ["--time-scale", "50", "--log-level", "warning"]
 SYSTEM = "You are a careful assistant who answers briefly. " * 40  # a multi-block prefix

@@ -30,7 +30,7 @@ import orjson
 import pytest
 from conftest import wait_until
 
-from traces.fleet import Service, free_port, start_service
+from traces.live.fleet import Service, free_port, start_service
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from scale_support import need, pids_behind
 
-from traces.fleet import HOST, Service, free_port, sim_workers, start_service
+from traces.live.fleet import HOST, Service, free_port, sim_workers, start_service
 
 SIM_ARGS = ["--time-scale", "50", "--log-level", "warning"]
 SYSTEM = "You are a careful assistant. " * 60  # a shared prefix of several blocks

@@ -2,7 +2,7 @@
 
 The browser test runs headless Chromium (Debian's ``chromium`` package) against a real
 ``cache-router serve`` in front of two simulated workers (the processes of
-:mod:`traces.fleet`): the page must list both workers, and after ten completions through
+:mod:`traces.live.fleet`): the page must list both workers, and after ten completions through
 the router its numbers and charts must move, without a reload. It writes a screenshot to
 ``out/dashboard.png`` and to the test's tmp dir.
 
@@ -37,8 +37,8 @@ import pytest
 from router.config import load_settings
 from router.proxy.app import create_app
 from router.service.dashboard import _SCRIPT, _STYLE, HEADERS, PAGE, _csp_hash
-from traces.fleet import Service, sim_workers
-from traces.fleet import router as start_router
+from traces.live.fleet import Service, sim_workers
+from traces.live.fleet import router as start_router
 
 ROOT = Path(__file__).parents[3]
 SCREENSHOT = ROOT / "out" / "dashboard.png"

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scale_support import need, pids_behind
 
 from router.config import load_settings
-from traces.fleet import HOST, Service, free_port, start_service
+from traces.live.fleet import HOST, Service, free_port, start_service
 
 
 def serve_cmd(port: int, *extra: str) -> list[str]:

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from traces.fleet import router as start_router
-from traces.fleet import scrape, sim_workers
+from traces.live.fleet import router as start_router
+from traces.live.fleet import scrape, sim_workers
 
 GPU_TOKENS = 4096  # 8 blocks of 512
 CPU_TOKENS = 65536

@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from traces.fleet import router as start_router
-from traces.fleet import scrape, sim_workers
-from traces.sweep import router_prediction_errors
+from traces.commands.run_sweep import router_prediction_errors
+from traces.live.fleet import router as start_router
+from traces.live.fleet import scrape, sim_workers
 
 PROFILE = ["--gpu-profile", "h100-llama8b"]
 PROMPTS = 4

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from router.service import uvicorn_support
-from traces.fleet import free_port, start_service
+from traces.live.fleet import free_port, start_service
 
 ROOT = Path(__file__).resolve().parents[3]
 SLOW = os.environ.get("CACHE_ROUTER_SLOW") == "1"

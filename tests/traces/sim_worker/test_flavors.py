@@ -18,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.fleet.worker_truth import WorkerTruth, parse_worker_metrics
+from traces.sim.worker_model import WorkerModelConfig
 from traces.sim_worker.server import SimWorkerConfig
-from traces.worker_model import WorkerModelConfig
 
 SAMPLE = Path(__file__).parents[2] / "router" / "fleet" / "data" / "sglang_metrics.txt"
 CAPACITY = 64 * 512

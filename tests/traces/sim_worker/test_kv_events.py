@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
-from traces.fleet import free_port, kv_events_args, router, sim_workers, start_service
-from traces.prompts import prompt_token_ids
-from traces.replay import ReplayConfig, replay
-from traces.synth import SynthConfig, synthesize
+from traces.live.fleet import free_port, kv_events_args, router, sim_workers, start_service
+from traces.live.replay import ReplayConfig, replay
+from traces.trace.prompts import prompt_token_ids
+from traces.trace.synth import SynthConfig, synthesize
 
 WORKER = ["--time-scale", "20", "--kv-capacity-tokens", str(96 * 512)]
 

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.fleet.models import parse_models
 from router.fleet.worker_truth import parse_worker_metrics
+from traces.sim.worker_model import WorkerModelConfig
 from traces.sim_worker.server import SimWorkerConfig, add_parser, config_from_args
-from traces.worker_model import WorkerModelConfig
 
 LORAS = ("lora-a", "lora-b", "lora-c")
 

@@ -26,10 +26,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from traces.fleet import free_port
+from traces.live.fleet import free_port
+from traces.sim.worker_model import WorkerModelConfig
 from traces.sim_worker.pd import PdConfig
 from traces.sim_worker.server import SimWorkerConfig, add_parser, config_from_args
-from traces.worker_model import WorkerModelConfig
 
 SCALE = 50.0
 BLOCK_BYTES = 2048  # one 512-token block of text

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
-from traces import gpu_profile
+from traces.sim import gpu_profile
+from traces.sim.worker_model import WorkerModelConfig
 from traces.sim_worker.server import SimWorkerConfig
-from traces.worker_model import WorkerModelConfig
 
 DATA = Path(__file__).parents[3] / "bench" / "gpu" / "data" / "h200_llama8b.json"
 PREFIX, NEW = 16_384, 8_192

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
+from traces.sim.worker_model import WorkerModelConfig
 from traces.sim_worker.server import SimWorkerConfig
-from traces.worker_model import WorkerModelConfig
 
 SYSTEM = "Answer in one word. " * 120  # several 512-token blocks
 

@@ -26,9 +26,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from traces.sim.worker_model import WorkerModelConfig
 from traces.sim_worker.api import text_token_ids
 from traces.sim_worker.server import SimWorkerConfig
-from traces.worker_model import WorkerModelConfig
 
 SCALE = 50.0  # model seconds per real second
 BLOCK_BYTES = 2048  # a 512-token block of text, 4 bytes per token

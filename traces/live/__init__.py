@@ -1,0 +1,2 @@
+"""Live runs: a streaming replay through a router, and the sim workers and routers a sweep
+starts as processes."""

@@ -1,0 +1,97 @@
+"""``simulate --requests-out FILE``: every request's outcome, one JSON line per request and policy.
+
+The tables report percentiles; comparing two policies, or the simulator against a live run
+(replay) or a measured GPU, needs each request's own figures, keyed by the request's position
+in the trace given to ``simulate`` (``index``, from 0; ``capped``'s requests keep the full
+trace's indices, since its trace is a subset of the same requests). Lines come policy by
+policy, each policy's in trace order.
+
+Fields: ``policy``, ``index``, ``request_id``, ``session_id``, ``turn``, ``status`` ("ok", or
+"rejected" by flow control: no first token), ``arrival_s`` (when the client sent it: session
+pacing can hold a turn past its recorded arrival), ``ttft_s``, ``e2e_s`` (null when
+rejected), ``input_length``, ``output_length``, ``cached_tokens`` (the worker's true hit,
+both tiers), ``estimated_tokens`` (the router's estimate at booking), ``worker`` (its index;
+a disaggregated fleet's prefill worker), ``predicted_ttft_s`` (the router's predicted TTFT:
+its cost model at booking plus what the request had waited before; null where none), plus
+``cpu_cached_tokens`` with a CPU tier and
+``decode_worker`` / ``transfer_s`` in a disaggregated fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from traces.trace.record import TraceRequest
+from traces.trace.run import PolicyRun
+
+
+def request_lines(
+    run: PolicyRun, trace: Sequence[TraceRequest], index: Sequence[int]
+) -> Iterator[dict[str, Any]]:
+    """One record per request of ``run`` (which ran ``trace``), ``index`` each one's
+    position in the trace given to ``simulate``."""
+    rejected = run.rejected
+    for i, req in enumerate(trace):
+        ok = rejected is None or not rejected[i]
+        arrival = float(run.arrival[i])
+        line: dict[str, Any] = {
+            "policy": run.name,
+            "index": int(index[i]),
+            "request_id": req.request_id,
+            "session_id": req.session_id,
+            "turn": req.turn,
+            "status": "ok" if ok else "rejected",
+            "arrival_s": round(arrival, 6),
+            "ttft_s": round(float(run.first_token[i]) - arrival, 6) if ok else None,
+            "e2e_s": round(float(run.finish[i]) - arrival, 6) if ok else None,
+            "input_length": int(run.input_length[i]),
+            "output_length": int(run.output_length[i]),
+            "cached_tokens": int(run.cached[i]),
+            "estimated_tokens": _number(run.estimated[i]),
+            "worker": int(run.worker[i]),
+        }
+        if run.predicted_ttft is not None:
+            line["predicted_ttft_s"] = _number(run.predicted_ttft[i]) if ok else None
+        if run.cpu_cached is not None:
+            line["cpu_cached_tokens"] = int(run.cpu_cached[i])
+        if run.decode_worker is not None:
+            line["decode_worker"] = int(run.decode_worker[i])
+        if run.transfer_s is not None:
+            line["transfer_s"] = _number(run.transfer_s[i])
+        yield line
+
+
+def _number(value: float) -> float | None:
+    value = float(value)
+    return round(value, 6) if math.isfinite(value) else None
+
+
+def write_requests(
+    path: Path,
+    trace: Sequence[TraceRequest],
+    runs: Sequence[PolicyRun],
+    traces: Mapping[str, Sequence[TraceRequest]],
+) -> int:
+    """Every run's requests to ``path`` (JSON lines; ``traces[run.name]`` the trace it ran,
+    its requests found in ``trace`` by identity); the number of lines written."""
+    position = {id(r): i for i, r in enumerate(trace)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with path.open("w") as out:
+        for run in runs:
+            ran = traces[run.name]
+            index = [position[id(r)] for r in ran]
+            written += _dump(out, request_lines(run, ran, index))
+    return written
+
+
+def _dump(out: IO[str], lines: Iterator[dict[str, Any]]) -> int:
+    n = 0
+    for line in lines:
+        out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        n += 1
+    return n
