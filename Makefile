@@ -78,7 +78,7 @@ lint-deploy: venv
 
 # The Dockerfile's install steps in a fresh venv (no Docker engine here), bounded to 3 minutes.
 image-steps: venv
-	timeout 180 bash deploy/check_image_steps.sh
+	timeout 600 bash deploy/check_image_steps.sh  # pip installs the lock: minutes on a busy 2-core host
 
 bench: venv
 	$(BIN)/python bench/micro/micro.py
