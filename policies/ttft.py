@@ -424,6 +424,7 @@ class TTFTPicker:
         # the views are of one kind: check the first
         learned = learned_rates and first is not None and first.rate is not None
         costs: list[float] = []
+        owns: list[float] = []  # the request's own prefill seconds per worker
         own_min = INF  # the request's own prefill on the worker where it is shortest
         adapter = request.adapter
         # the latest booking anywhere: how far the workers' queued prefills have got since
@@ -438,28 +439,34 @@ class TTFTPicker:
             hit = hits[i]
             if hit == UNHEALTHY:
                 costs.append(INF)
+                owns.append(INF)
                 continue
             uncached = length - hit if length > hit else 0
             rate = worker.rate.tokens_per_s if learned else default_rate
-            if uncached / rate < own_min:
-                own_min = uncached / rate
-            pending = worker.prefill_left(now) if progress else worker.pending_prefill_tokens
-            work = pending + uncached
             n = worker.num_requests
             if priced:  # the attention over its cached prefix, the queue's, the decode's
                 cost = worker.cost.ttft_s(uncached, length - uncached, clock, learned)
+                # its own prefill's engine seconds, and the wait it would see
+                own = worker.cost.prefill_s(uncached, length - uncached, learned)
+                wait = cost
             else:
+                pending = worker.prefill_left(now) if progress else worker.pending_prefill_tokens
+                work = pending + uncached
                 cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
+                own = uncached / rate
+                wait = work / rate
+            owns.append(own)
+            if own < own_min:
+                own_min = own
             if loads:  # its prefix's load from the CPU tier (the batch runs on meanwhile)
                 cost += loads[i]
             if tails and uncached:  # fill_i: it fills the queue's last step
                 free, ending = worker.prefill_tail(chunk)
                 if ending:
-                    cost += (uncached if uncached < free else free) / rate * ending
+                    cost += (own if uncached < free else own * free / uncached) * ending
             if share and uncached and n:
-                extra = share * uncached / rate * n
+                extra = share * own * n
                 if tau2:
-                    wait = work / rate
                     wait *= wait
                     extra *= wait / (wait + tau2)
                 cost += extra
@@ -470,7 +477,7 @@ class TTFTPicker:
             costs.append(cost)
         footprints = first is not None and first.footprint is not None
         if self.block_weight and footprints and self.hopeless_s <= own_min < INF:
-            self._add_block(request, workers, hits, costs, learned)
+            self._add_block(request, workers, costs, owns)
         tracked = self.eviction_weight and footprints
         shadow = first is not None and first.blocks is not None
         memory = self.memory_weight if shadow else 0.0
@@ -533,14 +540,12 @@ class TTFTPicker:
         self,
         request: RequestFeatures,
         workers: Sequence[WorkerView],
-        hits: Sequence[int],
         costs: list[float],
-        learned: bool,
+        owns: Sequence[float],
     ) -> None:
         """Add ``block_i`` to ``costs`` in place: the request's own prefill on worker ``i``
-        times the sessions live there (seen within ``live_s``, not bound elsewhere), who
-        will queue behind it when their next turn comes."""
-        length = request.input_length
+        (``owns[i]`` seconds) times the sessions live there (seen within ``live_s``, not
+        bound elsewhere), who will queue behind it when their next turn comes."""
         since = max(w.footprint.clock for w in workers) - self.live_s
         home_of, sid = self.sessions.peek, request.session_id
         for i, worker in enumerate(workers):
@@ -548,9 +553,7 @@ class TTFTPicker:
                 continue
             live = worker.footprint.live_sessions(sid, since, home_of, i, LIVE_LIMIT)
             if live:
-                hit = hits[i]
-                rate = worker.rate.tokens_per_s if learned else self.prefill_tokens_per_s
-                costs[i] += self.block_weight * (length - hit if length > hit else 0) / rate * live
+                costs[i] += self.block_weight * owns[i] * live
 
     def _charge(
         self,
