@@ -43,7 +43,17 @@ worker ``i`` in seconds:
   its context tokens), times the correction learned from the worker's answers. On the
   bundled agentic sample over 4 H100-profiled workers it predicts TTFT within 2-4.4%
   (median) where the flat formula is off by about 30% (docs/simulation.md). The flat
-  profile keeps the formula above.
+  profile keeps the formula above. Under a profile the request's own prefill in ``share_i``
+  and ``fill_i`` (``uncached_i / rate_i`` above: what it adds to the prefill of whoever
+  queues behind it) is the profile's too (:meth:`router.cache.cost_model.WorkerCost.prefill_s`:
+  its tokens, the attention over its cached prefix, its steps, times the learned
+  correction), and ``share_i``'s gate reads the predicted ``ttft_i`` as the wait. The flat
+  rate, learned from whole TTFTs, read a cold 40k-token prompt's 2.2 s on an H100 as about
+  2 s and a cold 191k one's 33 s as 8-13 s, so the fleet's biggest cold prompts went where
+  many requests were in flight (issue 52 item 4; docs/bench-history.md, "The default's
+  tail under the measured profile"). ``block_i`` and its hopeless test keep the rate: priced
+  by the profile, a 250k-token cold prompt's block (55 s per live session) outweighed the
+  queue and two of them shared one worker of the agentic sample.
 - ``rate_i`` is the worker's effective prefill rate, learned online from observed time to
   first token and reported cached tokens (:class:`router.cache.workload.PrefillRate`, seeded
   from configuration, bounded); views without one use ``prefill_tokens_per_s``.
@@ -424,7 +434,6 @@ class TTFTPicker:
         # the views are of one kind: check the first
         learned = learned_rates and first is not None and first.rate is not None
         costs: list[float] = []
-        owns: list[float] = []  # the request's own prefill seconds per worker
         own_min = INF  # the request's own prefill on the worker where it is shortest
         adapter = request.adapter
         # the latest booking anywhere: how far the workers' queued prefills have got since
@@ -439,25 +448,24 @@ class TTFTPicker:
             hit = hits[i]
             if hit == UNHEALTHY:
                 costs.append(INF)
-                owns.append(INF)
                 continue
             uncached = length - hit if length > hit else 0
             rate = worker.rate.tokens_per_s if learned else default_rate
             n = worker.num_requests
+            flat = uncached / rate  # its own prefill at the rate (block_i, the hopeless test)
+            if flat < own_min:
+                own_min = flat
             if priced:  # the attention over its cached prefix, the queue's, the decode's
                 cost = worker.cost.ttft_s(uncached, length - uncached, clock, learned)
-                # its own prefill's engine seconds, and the wait it would see
+                # what it adds to the prefill of anyone behind it, and the wait it sees
                 own = worker.cost.prefill_s(uncached, length - uncached, learned)
                 wait = cost
             else:
                 pending = worker.prefill_left(now) if progress else worker.pending_prefill_tokens
                 work = pending + uncached
                 cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
-                own = uncached / rate
+                own = flat
                 wait = work / rate
-            owns.append(own)
-            if own < own_min:
-                own_min = own
             if loads:  # its prefix's load from the CPU tier (the batch runs on meanwhile)
                 cost += loads[i]
             if tails and uncached:  # fill_i: it fills the queue's last step
@@ -477,7 +485,7 @@ class TTFTPicker:
             costs.append(cost)
         footprints = first is not None and first.footprint is not None
         if self.block_weight and footprints and self.hopeless_s <= own_min < INF:
-            self._add_block(request, workers, costs, owns)
+            self._add_block(request, workers, hits, costs, learned)
         tracked = self.eviction_weight and footprints
         shadow = first is not None and first.blocks is not None
         memory = self.memory_weight if shadow else 0.0
@@ -540,12 +548,14 @@ class TTFTPicker:
         self,
         request: RequestFeatures,
         workers: Sequence[WorkerView],
+        hits: Sequence[int],
         costs: list[float],
-        owns: Sequence[float],
+        learned: bool,
     ) -> None:
         """Add ``block_i`` to ``costs`` in place: the request's own prefill on worker ``i``
-        (``owns[i]`` seconds) times the sessions live there (seen within ``live_s``, not
-        bound elsewhere), who will queue behind it when their next turn comes."""
+        times the sessions live there (seen within ``live_s``, not bound elsewhere), who
+        will queue behind it when their next turn comes."""
+        length = request.input_length
         since = max(w.footprint.clock for w in workers) - self.live_s
         home_of, sid = self.sessions.peek, request.session_id
         for i, worker in enumerate(workers):
@@ -553,7 +563,9 @@ class TTFTPicker:
                 continue
             live = worker.footprint.live_sessions(sid, since, home_of, i, LIVE_LIMIT)
             if live:
-                costs[i] += self.block_weight * owns[i] * live
+                hit = hits[i]
+                rate = worker.rate.tokens_per_s if learned else self.prefill_tokens_per_s
+                costs[i] += self.block_weight * (length - hit if length > hit else 0) / rate * live
 
     def _charge(
         self,
