@@ -518,8 +518,9 @@ def test_with_a_gpu_profile_share_prices_the_prompts_own_prefill_with_the_profil
     assert worker.num_requests == 2 and worker.prefill_tail(CHUNK) == (0, 0)
     request = RequestFeatures(list(range(9000, 9196)), 100_352)
     picker = TTFTPicker(eviction_weight=0.0, memory_weight=0.0, block_weight=0.0)
-    wait = worker.cost.ttft_s(100_352, 0, 0.0)
+    ttft = worker.cost.ttft_s(100_352, 0, 0.0)
     own = worker.cost.prefill_s(100_352, 0)
     assert own > 1.4 * 100_352 / RATE
+    wait = (2 * 8192 + 100_352) / worker.rate.tokens_per_s  # the gate keeps the rate
     share = own * 2 * wait * wait / (wait * wait + picker.share_tau_s**2)
-    assert picker.costs(request, [worker], [0])[0] == pytest.approx(wait + share, rel=1e-6)
+    assert picker.costs(request, [worker], [0])[0] == pytest.approx(ttft + share, rel=1e-6)
