@@ -43,7 +43,18 @@ worker ``i`` in seconds:
   its context tokens), times the correction learned from the worker's answers. On the
   bundled agentic sample over 4 H100-profiled workers it predicts TTFT within 2-4.4%
   (median) where the flat formula is off by about 30% (docs/simulation.md). The flat
-  profile keeps the formula above.
+  profile keeps the formula above. Under a profile the request's own prefill in ``share_i``
+  (``uncached_i / rate_i`` above: what it adds to the prefill of whoever queues behind it)
+  is the profile's too (:meth:`router.cache.cost_model.WorkerCost.prefill_s`: its tokens,
+  the attention over its cached prefix, its steps, times the learned correction). The flat
+  rate, learned from whole TTFTs, read a cold 40k-token prompt's 2.2 s on an H100 as about
+  2 s and a cold 191k one's 33 s as 8-14 s, so the fleet's biggest cold prompts went where
+  many requests were in flight (issue 52 item 4; docs/bench-history.md, "The default's
+  tail under the measured profile"). The other terms keep the rate, as measured there:
+  ``block_i`` priced by the profile (55 s per live session for a cold 250k-token prompt)
+  outweighed the queue, and two such prompts shared one worker of the agentic sample;
+  ``fill_i`` and ``share_i``'s gate on the profile's seconds raised the Weka set's TTFT
+  p90 at 1.5x ttft's capacity from 27 s to 50 s (8 workers x 262k).
 - ``rate_i`` is the worker's effective prefill rate, learned online from observed time to
   first token and reported cached tokens (:class:`router.cache.workload.PrefillRate`, seeded
   from configuration, bounded); views without one use ``prefill_tokens_per_s``.
@@ -441,15 +452,19 @@ class TTFTPicker:
                 continue
             uncached = length - hit if length > hit else 0
             rate = worker.rate.tokens_per_s if learned else default_rate
-            if uncached / rate < own_min:
-                own_min = uncached / rate
+            n = worker.num_requests
+            flat = uncached / rate  # its own prefill at the rate (block_i, the hopeless test)
+            if flat < own_min:
+                own_min = flat
             pending = worker.prefill_left(now) if progress else worker.pending_prefill_tokens
             work = pending + uncached
-            n = worker.num_requests
             if priced:  # the attention over its cached prefix, the queue's, the decode's
                 cost = worker.cost.ttft_s(uncached, length - uncached, clock, learned)
+                # what it adds to the prefill of anyone queued behind it (share_i)
+                own = worker.cost.prefill_s(uncached, length - uncached, learned)
             else:
                 cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
+                own = flat
             if loads:  # its prefix's load from the CPU tier (the batch runs on meanwhile)
                 cost += loads[i]
             if tails and uncached:  # fill_i: it fills the queue's last step
@@ -457,7 +472,7 @@ class TTFTPicker:
                 if ending:
                     cost += (uncached if uncached < free else free) / rate * ending
             if share and uncached and n:
-                extra = share * uncached / rate * n
+                extra = share * own * n
                 if tau2:
                     wait = work / rate
                     wait *= wait

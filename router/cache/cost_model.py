@@ -243,6 +243,21 @@ class WorkerCost:
         base = self.terms.ttft_s(uncached, pairs_of(uncached, cached), self.running, self.context)
         return self.factor * base if corrected else base
 
+    def prefill_s(self, uncached: int, cached: int, corrected: bool = True) -> float:
+        """The seconds of engine time a request's own ``uncached`` prompt tokens after
+        ``cached`` ones take, whatever queue or batch they share it with: its token and
+        attention terms and the fixed cost of the steps it fills (a fraction of a step for
+        the last chunk). What the request adds to the prefill of anyone queued behind it;
+        the ttft picker's own-prefill seconds under a profile (a flat rate prices a 191k-token
+        cold prompt at 5 s where its attention alone takes 29 s on an H100)."""
+        terms = self.terms
+        base = (
+            terms.a * uncached
+            + terms.c * pairs_of(uncached, cached)
+            + terms.d * uncached / terms.chunk_tokens
+        )
+        return self.factor * base if corrected else base
+
     def _predict(
         self, uncached: int, cached: int, now: float | None, factor: float
     ) -> tuple[float, float]:

@@ -502,3 +502,25 @@ def test_with_a_gpu_profile_ttft_prices_the_attention_over_a_queued_prefix():
     assert costs[0] == pytest.approx(priced[0].cost.ttft_s(1024, 0, 0.0), rel=0.01)
     assert costs[0] > 1.5 * costs[1]
     assert TTFTPicker().pick(request, priced).worker == 1
+
+
+def test_with_a_gpu_profile_share_prices_the_prompts_own_prefill_with_the_profile():
+    # a cold 100k-token prompt delays whoever comes behind it by its attention too: 2.3 s of
+    # tokens and 8.0 s of attention on an H100, where the flat rate reads 6.7 s in all
+    from router.cache.cost_model import CostTerms, WorkerCost
+    from router.cache.cost_profile import resolve
+
+    worker = WorkerState(
+        "w0", BlockLRU(1024, 512), cost=WorkerCost(CostTerms.of_profile(resolve("h100-llama8b")))
+    )
+    for first in (5000, 6000):  # two requests in flight, their queue a whole number of chunks
+        worker.book(RequestFeatures(list(range(first, first + 16)), 8192), 100, now=0.0)
+    assert worker.num_requests == 2 and worker.prefill_tail(CHUNK) == (0, 0)
+    request = RequestFeatures(list(range(9000, 9196)), 100_352)
+    picker = TTFTPicker(eviction_weight=0.0, memory_weight=0.0, block_weight=0.0)
+    ttft = worker.cost.ttft_s(100_352, 0, 0.0)
+    own = worker.cost.prefill_s(100_352, 0)
+    assert own > 1.4 * 100_352 / RATE
+    wait = (2 * 8192 + 100_352) / worker.rate.tokens_per_s  # the gate keeps the rate
+    share = own * 2 * wait * wait / (wait * wait + picker.share_tau_s**2)
+    assert picker.costs(request, [worker], [0])[0] == pytest.approx(ttft + share, rel=1e-6)

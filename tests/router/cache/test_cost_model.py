@@ -43,6 +43,23 @@ def test_a_profile_prices_new_tokens_by_the_attention_over_their_cached_prefix()
     assert fast.ttft_s(s, p) == pytest.approx(expected / 20)
 
 
+def test_a_requests_own_prefill_is_its_engine_seconds_whatever_is_queued_or_running():
+    # what a request adds to the prefill of anyone queued behind it: its tokens, the
+    # attention over its cached prefix and its share of the steps, nothing of the queue's
+    s, p = 40_000, 0
+    expected = H100.a * s + H100.c * pairs_of(s, p) + H100.d * s / 8192
+    cost = WorkerCost(TERMS)
+    assert cost.prefill_s(s, p) == pytest.approx(expected)
+    cost.book(100_000, 0, 100_000, 50, now=0.0)  # a queue ahead and a decode batch
+    cost.first_token(cost.book(1000, 0, 1000, 500, now=0.0), now=0.0)
+    assert cost.prefill_s(s, p) == pytest.approx(expected)
+    # a cold 191k prompt: its attention alone is most of it (the flat rate misses it)
+    assert cost.prefill_s(191_000, 0) > 6 * 191_000 * H100.a
+    cost.factor = 2.0
+    assert cost.prefill_s(s, p) == pytest.approx(2 * expected)
+    assert cost.prefill_s(s, p, corrected=False) == pytest.approx(expected)
+
+
 def test_queued_prefill_and_running_decode_count_until_released_once_each():
     cost = WorkerCost(TERMS)
     idle = cost.ttft_s(1000, 0)
