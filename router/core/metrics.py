@@ -242,223 +242,259 @@ class PoolCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         pool, policy = self.pool, self.policy
         workers = list(pool.workers)
-
-        def counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
-            return CounterMetricFamily(PREFIX + name, doc, labels=labels)
-
-        def gauge(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(PREFIX + name, doc, labels=["worker"])
-
-        requests = counter(
-            "requests", "Requests by worker, policy and status", ["worker", "policy", "status"]
-        )
-        for status, n in pool.stats.unrouted.items():
-            requests.add_metric(["none", policy, status], n)
-        endpoints = counter(
-            "endpoint_requests", "Requests by endpoint and status", ["endpoint", "status"]
-        )
-        for endpoint, table in pool.stats.endpoints.items():
-            for status, n in table.items():
-                endpoints.add_metric([endpoint, status], n)
-        decisions = counter("decisions", "Picker decisions by branch", ["policy", "branch"])
-        for branch, n in pool.stats.decisions.items():
-            decisions.add_metric([policy, branch], n)
-        retries = counter("retries", "Requests retried on another worker", ["reason"])
-        for reason, n in pool.stats.retries.items():
-            retries.add_metric([reason], n)
-        tokenize = counter("tokenize", "Worker /tokenize lookups by result", ["result"])
-        for result, n in pool.stats.tokenize.items():
-            tokenize.add_metric([result], n)
-        rejected = counter(
-            "rejected", "Requests refused by admission control or client limits", ["reason"]
-        )
-        for reason, n in pool.stats.rejected.items():
-            rejected.add_metric([reason], n)
-        router_in_flight = GaugeMetricFamily(
-            PREFIX + "in_flight", "Generation requests being handled by the router"
-        )
-        router_in_flight.add_metric([], pool.stats.in_flight)
-        connections = GaugeMetricFamily(PREFIX + "client_connections", "Open client connections")
-        connections.add_metric([], pool.stats.connections)
-        suspect = CounterMetricFamily(
-            PREFIX + "suspect_requests",
-            "Requests that failed alike on several workers (not counted against them)",
-        )
-        suspect.add_metric([], pool.stats.suspect)
-        disaggregated = counter(
-            "disaggregated_requests",
-            "Requests served by a prefill and a decode worker, by protocol and outcome",
-            ["protocol", "outcome"],
-        )
-        for (protocol, outcome), n in pool.stats.disaggregated.items():
-            disaggregated.add_metric([protocol, outcome], n)
-        role = GaugeMetricFamily(
-            PREFIX + "worker_role",
-            "1 for the worker's role: both (aggregated), prefill or decode",
-            labels=["worker", "role"],
-        )
-        held = gauge("worker_held_tokens", "KV booked on the worker: prompt plus expected output")
-        circuit = counter(
-            "circuit_transitions",
-            "Worker circuit transitions (open: taken out, closed: back)",
-            ["worker", "state"],
-        )
-        failures = gauge("worker_consecutive_failures", "Failures in a row (probes, requests)")
-
-        prompt = counter("prompt_tokens", "Prompt tokens routed (router tokens)", ["worker"])
-        est_hit = counter(
-            "estimated_hit_tokens", "Chosen worker's estimated cache hit at dispatch", ["worker"]
-        )
-        best_hit = counter(
-            "best_hit_tokens", "Best estimated hit among healthy workers at dispatch", ["worker"]
-        )
-        reported_requests = counter(
-            "reported_requests", "Requests whose worker reported cached tokens", ["worker"]
-        )
-        reported = counter(
-            "reported_cached_tokens",
-            "Cached tokens the worker reported (router tokens)",
-            ["worker"],
-        )
-        estimated = counter(
-            "estimated_cached_tokens",
-            "Shadow estimates of cached tokens, over requests with a report",
-            ["worker", "shadow"],
-        )
-        abs_error = counter(
-            "shadow_abs_error_tokens",
-            "Sum of |estimate - reported| cached tokens per shadow",
-            ["worker", "shadow"],
-        )
-        upstream_errors = counter(
-            "upstream_errors", "Failed exchanges with workers by kind", ["worker", "kind"]
-        )
-        corrections = counter(
-            "shadow_corrections",
-            "Shadow capacity corrections from reports",
-            ["worker", "shadow", "direction"],
-        )
-        in_flight = gauge("worker_in_flight", "Requests booked on the worker")
-        pending = gauge("worker_pending_prefill_tokens", "Booked prompt tokens not yet prefilled")
-        healthy = gauge("worker_healthy", "1 if the worker takes requests")
-        shadow_blocks = gauge("worker_shadow_blocks", "Blocks in the block-hash shadow")
-        pinned = gauge("worker_pinned_blocks", "Shadow blocks pinned by in-flight requests")
-        capacity = gauge("worker_shadow_capacity_blocks", "Block shadow capacity (corrected)")
-        radix_tokens = gauge("worker_radix_tokens", "Tokens in the radix shadow")
-        radix_capacity = gauge("worker_radix_capacity_tokens", "Radix shadow capacity (corrected)")
-        cpu_blocks = gauge("worker_cpu_shadow_blocks", "Blocks in the CPU tier's shadow")
-        cpu_capacity = gauge("worker_cpu_shadow_capacity_blocks", "CPU tier shadow capacity")
-        prediction_error = HistogramMetricFamily(
-            PREFIX + "ttft_prediction_error_ratio",
-            "|predicted - observed| / observed time to first token of streamed answers "
-            "(the cost model's prediction at booking)",
-            labels=["worker"],
-        )
-        predicted_s = counter(
-            "ttft_predicted_seconds", "Predicted TTFT of the scored answers, summed", ["worker"]
-        )
-        observed_s = counter(
-            "ttft_observed_seconds", "Observed TTFT of the scored answers, summed", ["worker"]
-        )
-        correction = gauge(
-            "worker_cost_correction", "The cost model's learned factor (observed / predicted)"
-        )
-        error_les = [floatToGoString(b) for b in ERROR_BOUNDS] + ["+Inf"]
-
-        for w in workers:
-            url, state, stats = w.url, w.state, w.stats
-            for status, n in stats.requests.items():
-                requests.add_metric([url, policy, status], n)
-            prompt.add_metric([url], stats.prompt_tokens)
-            est_hit.add_metric([url], stats.estimated_hit_tokens)
-            best_hit.add_metric([url], stats.best_hit_tokens)
-            acc = state.accuracy
-            reported_requests.add_metric([url], acc.requests)
-            reported.add_metric([url], acc.reported_tokens)
-            estimated.add_metric([url, "blocks"], acc.blocks_estimate_tokens)
-            abs_error.add_metric([url, "blocks"], acc.blocks_abs_error_tokens)
-            if state.radix is not None:
-                estimated.add_metric([url, "radix"], acc.radix_estimate_tokens)
-                abs_error.add_metric([url, "radix"], acc.radix_abs_error_tokens)
-                radix_tokens.add_metric([url], state.radix.total_tokens)
-                radix_capacity.add_metric([url], state.radix.capacity_tokens or 0)
-            if state.kv_index is not None:  # precise mode: scored over synced dispatches
-                estimated.add_metric([url, "kv_events"], acc.kv_estimate_tokens)
-                abs_error.add_metric([url, "kv_events"], acc.kv_abs_error_tokens)
-            if state.cpu is not None:  # per tier, over reports that split by tier
-                estimated.add_metric([url, "cpu_tier"], acc.cpu_estimate_tokens)
-                abs_error.add_metric([url, "cpu_tier"], acc.cpu_abs_error_tokens)
-                abs_error.add_metric([url, "gpu_tier"], acc.gpu_abs_error_tokens)
-                cpu_blocks.add_metric([url], len(state.cpu))
-                cpu_capacity.add_metric([url], state.cpu.capacity_blocks)
-            for kind, n in stats.upstream_errors.items():
-                upstream_errors.add_metric([url, kind], n)
-            for (shadow, direction), n in stats.corrections.items():
-                corrections.add_metric([url, shadow, direction], n)
-            for state_name, n in stats.circuit.items():
-                circuit.add_metric([url, state_name], n)
-            failures.add_metric([url], w.consecutive_failures)
-            role.add_metric([url, w.role], 1)
-            held.add_metric([url], state.held_tokens)
-            in_flight.add_metric([url], state.num_requests)
-            pending.add_metric([url], state.pending_prefill_tokens)
-            healthy.add_metric([url], 1 if state.healthy else 0)
-            shadow_blocks.add_metric([url], len(state.blocks))
-            pinned.add_metric([url], state.blocks.pinned_blocks)
-            capacity.add_metric([url], state.blocks.capacity_blocks)
-            cost = state.cost
-            errors = cost.errors
-            cumulative, total = [], 0
-            for le, n in zip(error_les, errors.buckets, strict=True):
-                total += n
-                cumulative.append((le, total))
-            prediction_error.add_metric([url], cumulative, errors.abs_error_sum)
-            predicted_s.add_metric([url], errors.predicted_s)
-            observed_s.add_metric([url], errors.observed_s)
-            correction.add_metric([url], cost.factor)
-        yield from (
-            requests,
-            endpoints,
-            decisions,
-            retries,
-            tokenize,
-            prompt,
-            est_hit,
-            best_hit,
-            reported_requests,
-            reported,
-            estimated,
-            abs_error,
-            upstream_errors,
-            corrections,
-            in_flight,
-            pending,
-            healthy,
-            shadow_blocks,
-            pinned,
-            capacity,
-            radix_tokens,
-            radix_capacity,
-            cpu_blocks,
-            cpu_capacity,
-            rejected,
-            router_in_flight,
-            connections,
-            suspect,
-            circuit,
-            failures,
-            disaggregated,
-            role,
-            held,
-            prediction_error,
-            predicted_s,
-            observed_s,
-            correction,
-        )
+        yield from request_metrics(pool, policy, workers)
+        yield from hit_metrics(workers)
+        yield from load_metrics(workers)
+        yield from fleet_metrics(pool, workers)
+        yield from prediction_metrics(workers)
         yield from truth_metrics(workers)
         yield from model_metrics(pool, workers)
         if pool.stats.sync.enabled:
             yield from sync_metrics(pool.stats.sync, workers)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, doc, labels=labels)
+
+
+def _gauge(name: str, doc: str) -> GaugeMetricFamily:
+    """A gauge by worker."""
+    return GaugeMetricFamily(PREFIX + name, doc, labels=["worker"])
+
+
+def request_metrics(pool: WorkerPool, policy: str, workers: list) -> list[Metric]:
+    """Requests by worker and status, by endpoint; the picker's branches, retries, and the
+    worker /tokenize lookups."""
+    stats = pool.stats
+    requests = _counter(
+        "requests", "Requests by worker, policy and status", ["worker", "policy", "status"]
+    )
+    for status, n in stats.unrouted.items():
+        requests.add_metric(["none", policy, status], n)
+    for w in workers:
+        for status, n in w.stats.requests.items():
+            requests.add_metric([w.url, policy, status], n)
+    endpoints = _counter(
+        "endpoint_requests", "Requests by endpoint and status", ["endpoint", "status"]
+    )
+    for endpoint, table in stats.endpoints.items():
+        for status, n in table.items():
+            endpoints.add_metric([endpoint, status], n)
+    decisions = _counter("decisions", "Picker decisions by branch", ["policy", "branch"])
+    for branch, n in stats.decisions.items():
+        decisions.add_metric([policy, branch], n)
+    retries = _counter("retries", "Requests retried on another worker", ["reason"])
+    for reason, n in stats.retries.items():
+        retries.add_metric([reason], n)
+    tokenize = _counter("tokenize", "Worker /tokenize lookups by result", ["result"])
+    for result, n in stats.tokenize.items():
+        tokenize.add_metric([result], n)
+    return [requests, endpoints, decisions, retries, tokenize]
+
+
+def hit_metrics(workers: list) -> list[Metric]:
+    """Per worker: the prompt tokens routed, the hits estimated at dispatch, what the worker
+    reported and each shadow's error against it; its upstream errors and shadow corrections."""
+    prompt = _counter("prompt_tokens", "Prompt tokens routed (router tokens)", ["worker"])
+    est_hit = _counter(
+        "estimated_hit_tokens", "Chosen worker's estimated cache hit at dispatch", ["worker"]
+    )
+    best_hit = _counter(
+        "best_hit_tokens", "Best estimated hit among healthy workers at dispatch", ["worker"]
+    )
+    reported_requests = _counter(
+        "reported_requests", "Requests whose worker reported cached tokens", ["worker"]
+    )
+    reported = _counter(
+        "reported_cached_tokens",
+        "Cached tokens the worker reported (router tokens)",
+        ["worker"],
+    )
+    estimated = _counter(
+        "estimated_cached_tokens",
+        "Shadow estimates of cached tokens, over requests with a report",
+        ["worker", "shadow"],
+    )
+    abs_error = _counter(
+        "shadow_abs_error_tokens",
+        "Sum of |estimate - reported| cached tokens per shadow",
+        ["worker", "shadow"],
+    )
+    upstream_errors = _counter(
+        "upstream_errors", "Failed exchanges with workers by kind", ["worker", "kind"]
+    )
+    corrections = _counter(
+        "shadow_corrections",
+        "Shadow capacity corrections from reports",
+        ["worker", "shadow", "direction"],
+    )
+    for w in workers:
+        url, state, stats = w.url, w.state, w.stats
+        prompt.add_metric([url], stats.prompt_tokens)
+        est_hit.add_metric([url], stats.estimated_hit_tokens)
+        best_hit.add_metric([url], stats.best_hit_tokens)
+        acc = state.accuracy
+        reported_requests.add_metric([url], acc.requests)
+        reported.add_metric([url], acc.reported_tokens)
+        estimated.add_metric([url, "blocks"], acc.blocks_estimate_tokens)
+        abs_error.add_metric([url, "blocks"], acc.blocks_abs_error_tokens)
+        if state.radix is not None:
+            estimated.add_metric([url, "radix"], acc.radix_estimate_tokens)
+            abs_error.add_metric([url, "radix"], acc.radix_abs_error_tokens)
+        if state.kv_index is not None:  # precise mode: scored over synced dispatches
+            estimated.add_metric([url, "kv_events"], acc.kv_estimate_tokens)
+            abs_error.add_metric([url, "kv_events"], acc.kv_abs_error_tokens)
+        if state.cpu is not None:  # per tier, over reports that split by tier
+            estimated.add_metric([url, "cpu_tier"], acc.cpu_estimate_tokens)
+            abs_error.add_metric([url, "cpu_tier"], acc.cpu_abs_error_tokens)
+            abs_error.add_metric([url, "gpu_tier"], acc.gpu_abs_error_tokens)
+        for kind, n in stats.upstream_errors.items():
+            upstream_errors.add_metric([url, kind], n)
+        for (shadow, direction), n in stats.corrections.items():
+            corrections.add_metric([url, shadow, direction], n)
+    return [
+        prompt,
+        est_hit,
+        best_hit,
+        reported_requests,
+        reported,
+        estimated,
+        abs_error,
+        upstream_errors,
+        corrections,
+    ]
+
+
+def load_metrics(workers: list) -> list[Metric]:
+    """Per worker: what is booked on it, its health, and the sizes of its shadows."""
+    in_flight = _gauge("worker_in_flight", "Requests booked on the worker")
+    pending = _gauge("worker_pending_prefill_tokens", "Booked prompt tokens not yet prefilled")
+    healthy = _gauge("worker_healthy", "1 if the worker takes requests")
+    shadow_blocks = _gauge("worker_shadow_blocks", "Blocks in the block-hash shadow")
+    pinned = _gauge("worker_pinned_blocks", "Shadow blocks pinned by in-flight requests")
+    capacity = _gauge("worker_shadow_capacity_blocks", "Block shadow capacity (corrected)")
+    radix_tokens = _gauge("worker_radix_tokens", "Tokens in the radix shadow")
+    radix_capacity = _gauge("worker_radix_capacity_tokens", "Radix shadow capacity (corrected)")
+    cpu_blocks = _gauge("worker_cpu_shadow_blocks", "Blocks in the CPU tier's shadow")
+    cpu_capacity = _gauge("worker_cpu_shadow_capacity_blocks", "CPU tier shadow capacity")
+    for w in workers:
+        url, state = w.url, w.state
+        in_flight.add_metric([url], state.num_requests)
+        pending.add_metric([url], state.pending_prefill_tokens)
+        healthy.add_metric([url], 1 if state.healthy else 0)
+        shadow_blocks.add_metric([url], len(state.blocks))
+        pinned.add_metric([url], state.blocks.pinned_blocks)
+        capacity.add_metric([url], state.blocks.capacity_blocks)
+        if state.radix is not None:
+            radix_tokens.add_metric([url], state.radix.total_tokens)
+            radix_capacity.add_metric([url], state.radix.capacity_tokens or 0)
+        if state.cpu is not None:
+            cpu_blocks.add_metric([url], len(state.cpu))
+            cpu_capacity.add_metric([url], state.cpu.capacity_blocks)
+    return [
+        in_flight,
+        pending,
+        healthy,
+        shadow_blocks,
+        pinned,
+        capacity,
+        radix_tokens,
+        radix_capacity,
+        cpu_blocks,
+        cpu_capacity,
+    ]
+
+
+def fleet_metrics(pool: WorkerPool, workers: list) -> list[Metric]:
+    """The router's refusals, requests and connections in flight, suspect and disaggregated
+    requests; per worker its circuit, failures in a row, role and KV held."""
+    stats = pool.stats
+    rejected = _counter(
+        "rejected", "Requests refused by admission control or client limits", ["reason"]
+    )
+    for reason, n in stats.rejected.items():
+        rejected.add_metric([reason], n)
+    router_in_flight = GaugeMetricFamily(
+        PREFIX + "in_flight", "Generation requests being handled by the router"
+    )
+    router_in_flight.add_metric([], stats.in_flight)
+    connections = GaugeMetricFamily(PREFIX + "client_connections", "Open client connections")
+    connections.add_metric([], stats.connections)
+    suspect = CounterMetricFamily(
+        PREFIX + "suspect_requests",
+        "Requests that failed alike on several workers (not counted against them)",
+    )
+    suspect.add_metric([], stats.suspect)
+    disaggregated = _counter(
+        "disaggregated_requests",
+        "Requests served by a prefill and a decode worker, by protocol and outcome",
+        ["protocol", "outcome"],
+    )
+    for (protocol, outcome), n in stats.disaggregated.items():
+        disaggregated.add_metric([protocol, outcome], n)
+    role = GaugeMetricFamily(
+        PREFIX + "worker_role",
+        "1 for the worker's role: both (aggregated), prefill or decode",
+        labels=["worker", "role"],
+    )
+    held = _gauge("worker_held_tokens", "KV booked on the worker: prompt plus expected output")
+    circuit = _counter(
+        "circuit_transitions",
+        "Worker circuit transitions (open: taken out, closed: back)",
+        ["worker", "state"],
+    )
+    failures = _gauge("worker_consecutive_failures", "Failures in a row (probes, requests)")
+    for w in workers:
+        url = w.url
+        for state_name, n in w.stats.circuit.items():
+            circuit.add_metric([url, state_name], n)
+        failures.add_metric([url], w.consecutive_failures)
+        role.add_metric([url, w.role], 1)
+        held.add_metric([url], w.state.held_tokens)
+    return [
+        rejected,
+        router_in_flight,
+        connections,
+        suspect,
+        circuit,
+        failures,
+        disaggregated,
+        role,
+        held,
+    ]
+
+
+def prediction_metrics(workers: list) -> list[Metric]:
+    """Per worker: how far the cost model's TTFT predictions were from the TTFTs observed,
+    and its learned correction."""
+    prediction_error = HistogramMetricFamily(
+        PREFIX + "ttft_prediction_error_ratio",
+        "|predicted - observed| / observed time to first token of streamed answers "
+        "(the cost model's prediction at booking)",
+        labels=["worker"],
+    )
+    predicted_s = _counter(
+        "ttft_predicted_seconds", "Predicted TTFT of the scored answers, summed", ["worker"]
+    )
+    observed_s = _counter(
+        "ttft_observed_seconds", "Observed TTFT of the scored answers, summed", ["worker"]
+    )
+    correction = _gauge(
+        "worker_cost_correction", "The cost model's learned factor (observed / predicted)"
+    )
+    error_les = [floatToGoString(b) for b in ERROR_BOUNDS] + ["+Inf"]
+    for w in workers:
+        url, cost = w.url, w.state.cost
+        errors = cost.errors
+        cumulative, total = [], 0
+        for le, n in zip(error_les, errors.buckets, strict=True):
+            total += n
+            cumulative.append((le, total))
+        prediction_error.add_metric([url], cumulative, errors.abs_error_sum)
+        predicted_s.add_metric([url], errors.predicted_s)
+        observed_s.add_metric([url], errors.observed_s)
+        correction.add_metric([url], cost.factor)
+    return [prediction_error, predicted_s, observed_s, correction]
 
 
 def model_metrics(pool: WorkerPool, workers: list) -> Iterator[Metric]:

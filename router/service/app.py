@@ -43,6 +43,7 @@ from router.fleet.upstream import UpstreamError
 from router.fleet.worker_metrics import WorkerMetricsScraper
 from router.service.admin import build_admin
 from router.service.body import ClientGone, read_body
+from router.service.context import DirectPath
 from router.service.dashboard import mount_dashboard
 from router.service.server import OVERLOADED_SCOPE_KEY
 
@@ -54,6 +55,9 @@ class RouterApp:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # a front end's direct path, which the server calls for generation requests (the
+        # proxy's forwarder); None: every request goes through the ASGI dispatch
+        self.forwarder: DirectPath | None = None
         self.metrics = RouterMetrics(settings.policy)
         self.pool = WorkerPool(settings)
         self.metrics.watch(self.pool)

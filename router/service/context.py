@@ -6,7 +6,7 @@ this narrow view of it instead of importing it back.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from router.config import Settings
 from router.core.access import Access
@@ -17,6 +17,16 @@ from router.fleet.health import HealthChecker
 from router.fleet.membership import Membership
 from router.fleet.pool import WorkerPool
 from router.fleet.state_sync import StateSync
+
+
+class DirectPath(Protocol):
+    """A front end's entry for a generation request, which the server
+    (:mod:`router.service.server`) calls without the app's ASGI dispatch: ``serve``'s
+    forwarder (:class:`router.proxy.forward.Forwarder`)."""
+
+    async def serve(self, scope: Any, receive: Any, send: Any, kind: str, channel: Any) -> None:
+        """One generation request of ``kind``; ``channel``: the server's request cycle
+        (:class:`router.service.server.RouterCycle`)."""
 
 
 class RouterContext(Protocol):
@@ -33,6 +43,7 @@ class RouterContext(Protocol):
     discovery: Discovery | None  # with --discover: the sources that find workers
     state_sync: StateSync | None  # with --state-url: what is shared with other replicas
     draining: bool
+    forwarder: DirectPath | None  # the direct path for generation requests; None: ASGI only
 
     async def __call__(self, scope, receive, send) -> None:
         """The ASGI application."""

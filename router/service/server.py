@@ -1,6 +1,6 @@
 """The HTTP server around the router app: uvicorn + httptools, with the router's client limits.
 
-uvicorn's httptools protocol does the HTTP; :func:`make_protocol` subclasses it to add what a
+uvicorn's httptools protocol does the HTTP; :class:`RouterProtocol` subclasses it to add what a
 proxy in front of a GPU fleet needs and uvicorn does not do (with httptools) on its own:
 
 - **header size** (``max_header_bytes``): bytes received while a request's line and headers
@@ -49,6 +49,8 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
@@ -386,315 +388,343 @@ def client_channel(send: Any) -> RouterCycle | None:
     return cycle if isinstance(cycle, RouterCycle) else None
 
 
-def make_protocol(app: RouterContext) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with ``app``'s client limits (see the module doc)."""
-    router_app = app
-    settings = app.settings
-    max_head = settings.max_header_bytes
-    read_timeout = settings.request_read_timeout_s
-    max_connections = settings.max_connections
-    stats = app.pool.stats
-    # generation requests go to the forwarder directly (RouterCycle.run_direct) when the
-    # app is the router's (a stand-in app in tests has no forwarder: ASGI for everything)
-    forwarder = getattr(app, "forwarder", None)
-    direct: DirectHandler | None = forwarder.serve if forwarder is not None else None
-    messages = {
-        "header_too_large": f"request line and headers exceed {max_head} bytes",
-        "read_timeout": f"request not received within {read_timeout:g} s",
-        "malformed_http": "invalid HTTP request",
-    }
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """The limits every client connection is held to (the module doc), from the settings."""
 
-    class RouterProtocol(HttpToolsProtocol):
-        """One client connection (uvicorn's protocol plus the limits above)."""
+    max_header_bytes: int  # request line and headers
+    read_timeout_s: float  # from a connection's opening or a request's start to its body's end
+    max_connections: int  # 0: no limit
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._awaiting_head = True  # a request line / headers are (or may be) on the way
-            self._head_bytes = 0  # bytes received while awaiting a head
-            self._boundaries = 0  # heads / messages completed in the current data_received
-            self._head_size = 0  # request line and headers of the current request, parsed
-            # one timer per connection for both the read timeout and the keep-alive idle
-            # timeout: a deadline moves without touching the timer, which fires at or before
-            # it and re-arms for the rest (no timer made and cancelled per request)
-            self._deadline: float | None = None
-            self._reading = False  # the deadline is the read timeout's (else keep-alive's)
-            self._timer: asyncio.TimerHandle | None = None
-            self._timer_at = 0.0
-            self._rejected = False
-            self._uvicorns_path = False  # the current request is uvicorn's (upgrade, limit)
-            self._over_limit = False
+    @classmethod
+    def of(cls, settings: Settings) -> ClientLimits:
+        return cls(
+            settings.max_header_bytes, settings.request_read_timeout_s, settings.max_connections
+        )
+
+    def message(self, code: str) -> str:
+        """The error message of a connection rejected with ``code``."""
+        if code == "header_too_large":
+            return f"request line and headers exceed {self.max_header_bytes} bytes"
+        if code == "read_timeout":
+            return f"request not received within {self.read_timeout_s:g} s"
+        return "invalid HTTP request"
+
+
+def protocol_for(app: RouterContext) -> Callable[..., RouterProtocol]:
+    """The protocol factory uvicorn's ``http`` setting takes: a :class:`RouterProtocol` per
+    connection, serving ``app`` with its settings' client limits."""
+    return partial(RouterProtocol, context=app, limits=ClientLimits.of(app.settings))
+
+
+class RouterProtocol(HttpToolsProtocol):
+    """One client connection: uvicorn's httptools protocol plus ``limits`` (the module doc),
+    serving ``context``; made per connection by :func:`protocol_for`'s factory."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        context: RouterContext,
+        limits: ClientLimits,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._context = context
+        self._limits = limits
+        self._max_head = limits.max_header_bytes  # read per chunk and per head
+        self._stats = context.pool.stats
+        # generation requests go to the forwarder directly (RouterCycle.run_direct) when the
+        # context has one (a stand-in app in tests has none: ASGI for everything)
+        forwarder = context.forwarder
+        self._direct: DirectHandler | None = forwarder.serve if forwarder is not None else None
+        self._awaiting_head = True  # a request line / headers are (or may be) on the way
+        self._head_bytes = 0  # bytes received while awaiting a head
+        self._boundaries = 0  # heads / messages completed in the current data_received
+        self._head_size = 0  # request line and headers of the current request, parsed
+        # one timer per connection for both the read timeout and the keep-alive idle
+        # timeout: a deadline moves without touching the timer, which fires at or before
+        # it and re-arms for the rest (no timer made and cancelled per request)
+        self._deadline: float | None = None
+        self._reading = False  # the deadline is the read timeout's (else keep-alive's)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._rejected = False
+        self._uvicorns_path = False  # the current request is uvicorn's (upgrade, limit)
+        self._over_limit = False
+        self._counted = False
+        # uvicorn points self.cycle at the newest request; with pipelining the one whose
+        # handler runs may be older, and it must learn of a lost connection too (else
+        # its next write hits a closed transport: uvloop raises)
+        self._running: Any = None
+
+    # ---- connection --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._stats.connections += 1
+        self._counted = True
+        max_connections = self._limits.max_connections
+        self._over_limit = bool(max_connections) and len(self.connections) > max_connections
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        if self._counted:
             self._counted = False
-            # uvicorn points self.cycle at the newest request; with pipelining the one whose
-            # handler runs may be older, and it must learn of a lost connection too (else
-            # its next write hits a closed transport: uvloop raises)
-            self._running: Any = None
+            self._stats.connections -= 1
+        self._disconnect_running()
+        super().connection_lost(exc)
 
-        # ---- connection --------------------------------------------------------------
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        if cycle.__class__ is not RouterCycle:  # one uvicorn made (its unusual path)
+            RouterCycle.adopt(cycle)
+        self._running = cycle
+        if self.config.reset_contextvars:  # uvicorn's opt-in context workaround
+            super()._start_asgi_task(cycle, app)
+            return
+        # uvicorn's, keeping the task on the cycle (no current_task() per request); a
+        # generation request goes to the forwarder without the app's dispatch, unless
+        # the app would refuse it (draining, over the connection limit)
+        endpoint = cycle.endpoint
+        if endpoint is not None and not self._context.draining and not self._over_limit:
+            task = cycle.task = self.loop.create_task(cycle.run_direct(self._direct, endpoint))
+        else:
+            task = cycle.task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            stats.connections += 1
-            self._counted = True
-            self._over_limit = bool(max_connections) and len(self.connections) > max_connections
+    def _disconnect_running(self) -> None:
+        running = self._running
+        if running is not None and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
+
+    def data_received(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        self._boundaries = 0
+        super().data_received(data)
+        if self._awaiting_head and not self._boundaries and not self._rejected:
+            # no head or message ended in this chunk: it is all (part of) a head the
+            # parser holds
+            self._head_bytes += len(data)
+            if self._head_bytes > self._max_head:
+                self._reject(*HEADERS_TOO_LARGE)
+
+    def send_400_response(self, msg: str) -> None:
+        self._reject(*MALFORMED)
+
+    # ---- parser callbacks --------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        # uvicorn's, inlined (called per request)
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = headers = []
+        self.scope = {  # type: ignore[typeddict-item]
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": headers,
+            "state": self.app_state.copy(),
+        }
+        self._uvicorns_path = False
+        self._awaiting_head = True
+        self._head_size = 0
+        if not self._reading:
             self._arm()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._stop_timer()
-            if self._counted:
-                self._counted = False
-                stats.connections -= 1
-            self._disconnect_running()
-            super().connection_lost(exc)
+    def on_url(self, url: bytes) -> None:
+        if not self._rejected:
+            self._head_size += len(url)
+            self.url += url  # uvicorn's on_url, inlined (called per request)
 
-        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-            if cycle.__class__ is not RouterCycle:  # one uvicorn made (its unusual path)
-                RouterCycle.adopt(cycle)
-            self._running = cycle
-            if self.config.reset_contextvars:  # uvicorn's opt-in context workaround
-                super()._start_asgi_task(cycle, app)
-                return
-            # uvicorn's, keeping the task on the cycle (no current_task() per request); a
-            # generation request goes to the forwarder without the app's dispatch, unless
-            # the app would refuse it (draining, over the connection limit)
-            endpoint = cycle.endpoint
-            if endpoint is not None and not router_app.draining and not self._over_limit:
-                task = cycle.task = self.loop.create_task(cycle.run_direct(direct, endpoint))
-            else:
-                task = cycle.task = self.loop.create_task(cycle.run_asgi(app))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._rejected:
+            self._head_size += len(name) + len(value) + 4
+            # uvicorn's on_header, inlined (called per header)
+            name = name.lower()
+            if name == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
+            self.headers.append((name, value))
 
-        def _disconnect_running(self) -> None:
-            running = self._running
-            if running is not None and not running.response_complete:
-                running.disconnected = True
-                running.message_event.set()
-
-        def data_received(self, data: bytes) -> None:
-            if self._rejected:
-                return
-            self._boundaries = 0
-            super().data_received(data)
-            if self._awaiting_head and not self._boundaries and not self._rejected:
-                # no head or message ended in this chunk: it is all (part of) a head the
-                # parser holds
-                self._head_bytes += len(data)
-                if self._head_bytes > max_head:
-                    self._reject(*HEADERS_TOO_LARGE)
-
-        def send_400_response(self, msg: str) -> None:
-            self._reject(*MALFORMED)
-
-        # ---- parser callbacks --------------------------------------------------------
-
-        def on_message_begin(self) -> None:
-            # uvicorn's, inlined (called per request)
-            self.url = b""
-            self.expect_100_continue = False
-            self.headers = headers = []
-            self.scope = {  # type: ignore[typeddict-item]
-                "type": "http",
-                "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-                "http_version": "1.1",
-                "server": self.server,
-                "client": self.client,
-                "scheme": self.scheme,
-                "root_path": self.root_path,
-                "headers": headers,
-                "state": self.app_state.copy(),
-            }
-            self._uvicorns_path = False
-            self._awaiting_head = True
-            self._head_size = 0
-            if not self._reading:
-                self._arm()
-
-        def on_url(self, url: bytes) -> None:
-            if not self._rejected:
-                self._head_size += len(url)
-                self.url += url  # uvicorn's on_url, inlined (called per request)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            if not self._rejected:
-                self._head_size += len(name) + len(value) + 4
-                # uvicorn's on_header, inlined (called per header)
-                name = name.lower()
-                if name == b"expect" and value.lower() == b"100-continue":
-                    self.expect_100_continue = True
-                self.headers.append((name, value))
-
-        def on_headers_complete(self) -> None:
-            if self._rejected:
-                return
-            if self._head_size > max_head:  # a head that arrived whole in one chunk
-                self._reject(*HEADERS_TOO_LARGE)
-                return
-            self._awaiting_head = False
-            self._head_bytes = 0
-            self._boundaries += 1
-            if self._over_limit:
-                self.scope[OVERLOADED_SCOPE_KEY] = True  # type: ignore[literal-required]
-            if self.parser.should_upgrade() or self.limit_concurrency is not None:
-                self._uvicorns_path = True  # uvicorn's own path, to the end of this message
-                super().on_headers_complete()
-            else:
-                self._start_cycle()
-            if self.pipeline:  # queued behind a running request: read later, not timed
-                self._disarm()
-
-        def _start_cycle(self) -> None:
-            """uvicorn's on_headers_complete for a plain request (no upgrade, no concurrency
-            limit): the same scope (tests/router/service/test_server_cycle.py compares it with
-            uvicorn's), and a RouterCycle made directly."""
-            parser = self.parser
-            scope = self.scope
-            scope["method"] = parser.get_method().decode("ascii")
-            version = parser.get_http_version()
-            if version != "1.1":
-                scope["http_version"] = version
-            url = httptools.parse_url(self.url)
-            raw_path = url.path
-            path = raw_path.decode("ascii")
-            if "%" in path:
-                path = unquote(path)
-            scope["path"] = self.root_path + path
-            scope["raw_path"] = self.root_path.encode("ascii") + raw_path
-            scope["query_string"] = url.query or b""
-            keep_alive = version != "1.0" and parser.should_keep_alive()
-            cycle = RouterCycle(self, scope, keep_alive)
-            if direct is not None and scope["method"] == "POST" and self.app is router_app:
-                cycle.endpoint = GENERATION_PATHS.get(scope["path"])
-            existing = self.cycle
-            self.cycle = cycle
-            if existing is None or existing.response_complete:
-                self._start_asgi_task(cycle, self.app)
-            else:  # pipelined: queued behind the running one
-                self.flow.pause_reading()
-                self.pipeline.appendleft((cycle, self.app))
-
-        def on_body(self, body: bytes) -> None:
-            if self._rejected:
-                return
-            if self._uvicorns_path:
-                super().on_body(body)
-                return
-            cycle = self.cycle  # uvicorn's on_body for a plain request, inlined
-            if not cycle.response_complete:
-                cycle.body += body
-                if len(cycle.body) > HIGH_WATER_LIMIT:
-                    self.flow.pause_reading()
-                cycle.message_event.set()
-
-        def on_message_complete(self) -> None:
-            self._boundaries += 1
+    def on_headers_complete(self) -> None:
+        if self._rejected:
+            return
+        if self._head_size > self._max_head:  # a head that arrived whole in one chunk
+            self._reject(*HEADERS_TOO_LARGE)
+            return
+        self._awaiting_head = False
+        self._head_bytes = 0
+        self._boundaries += 1
+        if self._over_limit:
+            self.scope[OVERLOADED_SCOPE_KEY] = True  # type: ignore[literal-required]
+        if self.parser.should_upgrade() or self.limit_concurrency is not None:
+            self._uvicorns_path = True  # uvicorn's own path, to the end of this message
+            super().on_headers_complete()
+        else:
+            self._start_cycle()
+        if self.pipeline:  # queued behind a running request: read later, not timed
             self._disarm()
-            self._awaiting_head = True
-            self._head_bytes = 0
-            if self._rejected:
-                return
-            if self._uvicorns_path:
-                super().on_message_complete()
-                return
-            cycle = self.cycle  # uvicorn's on_message_complete for a plain request, inlined
-            if not cycle.response_complete:
-                cycle.more_body = False
-                cycle.message_event.set()
 
-        def on_response_complete(self) -> None:
-            # uvicorn's, with the keep-alive timeout on the connection's one timer
-            self.server_state.total_requests += 1
-            if self.transport.is_closing():
-                return
-            self.flow.resume_reading()
-            if self.pipeline:
-                cycle, app = self.pipeline.pop()
-                self._start_asgi_task(cycle, app)
-            elif not self._reading:
-                self._until(self.loop.time() + self.timeout_keep_alive, reading=False)
+    def _start_cycle(self) -> None:
+        """uvicorn's on_headers_complete for a plain request (no upgrade, no concurrency
+        limit): the same scope (tests/router/service/test_server_cycle.py compares it with
+        uvicorn's), and a RouterCycle made directly."""
+        parser = self.parser
+        scope = self.scope
+        scope["method"] = parser.get_method().decode("ascii")
+        version = parser.get_http_version()
+        if version != "1.1":
+            scope["http_version"] = version
+        url = httptools.parse_url(self.url)
+        raw_path = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = url.query or b""
+        keep_alive = version != "1.0" and parser.should_keep_alive()
+        cycle = RouterCycle(self, scope, keep_alive)
+        if self._direct is not None and scope["method"] == "POST" and self.app is self._context:
+            cycle.endpoint = GENERATION_PATHS.get(scope["path"])
+        existing = self.cycle
+        self.cycle = cycle
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, self.app)
+        else:  # pipelined: queued behind the running one
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))
 
-        # ---- limits ------------------------------------------------------------------
+    def on_body(self, body: bytes) -> None:
+        if self._rejected:
+            return
+        if self._uvicorns_path:
+            super().on_body(body)
+            return
+        cycle = self.cycle  # uvicorn's on_body for a plain request, inlined
+        if not cycle.response_complete:
+            cycle.body += body
+            if len(cycle.body) > HIGH_WATER_LIMIT:
+                self.flow.pause_reading()
+            cycle.message_event.set()
 
-        def _arm(self) -> None:
-            """The read timeout starts: the request must be complete within it."""
-            self._until(self.loop.time() + read_timeout, reading=True)
+    def on_message_complete(self) -> None:
+        self._boundaries += 1
+        self._disarm()
+        self._awaiting_head = True
+        self._head_bytes = 0
+        if self._rejected:
+            return
+        if self._uvicorns_path:
+            super().on_message_complete()
+            return
+        cycle = self.cycle  # uvicorn's on_message_complete for a plain request, inlined
+        if not cycle.response_complete:
+            cycle.more_body = False
+            cycle.message_event.set()
 
-        def _disarm(self) -> None:
-            """The request is complete (or not timed): no read deadline any more."""
-            if self._reading:
-                self._reading = False
-                self._deadline = None
+    def on_response_complete(self) -> None:
+        # uvicorn's, with the keep-alive timeout on the connection's one timer
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif not self._reading:
+            self._until(self.loop.time() + self.timeout_keep_alive, reading=False)
 
-        def _until(self, deadline: float, reading: bool) -> None:
-            self._deadline = deadline
-            self._reading = reading
-            timer = self._timer
-            if timer is None or self._timer_at > deadline:
-                if timer is not None:
-                    timer.cancel()
-                self._timer = self.loop.call_at(deadline, self._tick)
-                self._timer_at = deadline
+    # ---- limits ------------------------------------------------------------------
 
-        def _stop_timer(self) -> None:
-            self._deadline = None
+    def _arm(self) -> None:
+        """The read timeout starts: the request must be complete within it."""
+        self._until(self.loop.time() + self._limits.read_timeout_s, reading=True)
+
+    def _disarm(self) -> None:
+        """The request is complete (or not timed): no read deadline any more."""
+        if self._reading:
             self._reading = False
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._deadline = None
 
-        def _tick(self) -> None:
+    def _until(self, deadline: float, reading: bool) -> None:
+        self._deadline = deadline
+        self._reading = reading
+        timer = self._timer
+        if timer is None or self._timer_at > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(deadline, self._tick)
+            self._timer_at = deadline
+
+    def _stop_timer(self) -> None:
+        self._deadline = None
+        self._reading = False
+        if self._timer is not None:
+            self._timer.cancel()
             self._timer = None
-            deadline = self._deadline
-            if deadline is None:
-                return
-            if self.loop.time() < deadline:  # moved since the timer was set
-                self._timer = self.loop.call_at(deadline, self._tick)
-                self._timer_at = deadline
-                return
-            reading = self._reading
-            self._deadline = None
-            self._reading = False
-            if reading:
-                self._reject(*READ_TIMEOUT)
-            else:
-                self.timeout_keep_alive_handler()  # idle: close
 
-        def _reject(self, status: int, reason: bytes, code: str) -> None:
-            """Answer ``status`` (JSON) and close; nothing more is read on this connection.
+    def _tick(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None:
+            return
+        if self.loop.time() < deadline:  # moved since the timer was set
+            self._timer = self.loop.call_at(deadline, self._tick)
+            self._timer_at = deadline
+            return
+        reading = self._reading
+        self._deadline = None
+        self._reading = False
+        if reading:
+            self._reject(*READ_TIMEOUT)
+        else:
+            self.timeout_keep_alive_handler()  # idle: close
 
-            A request of this connection still being handled sees ``http.disconnect`` (its
-            handler releases what it holds); if its response had started, the connection
-            is only closed (an error body cannot follow a started response).
-            """
-            if self._rejected:
-                return
-            self._rejected = True
-            self._stop_timer()
-            stats.count_rejected(code)
-            transport = self.transport
-            if transport is None or transport.is_closing():
-                return
-            running = self._running
-            if running is not None and running is not self.cycle and not running.response_complete:
-                # an older (pipelined) request is still being answered: no error response
-                # can go ahead of it, so both learn of the end and the connection closes
-                self._disconnect_running()
-                if self.cycle is not None:
-                    self.cycle.disconnected = True
-                    self.cycle.message_event.set()
+    def _reject(self, status: int, reason: bytes, code: str) -> None:
+        """Answer ``status`` (JSON) and close; nothing more is read on this connection.
+
+        A request of this connection still being handled sees ``http.disconnect`` (its
+        handler releases what it holds); if its response had started, the connection
+        is only closed (an error body cannot follow a started response).
+        """
+        if self._rejected:
+            return
+        self._rejected = True
+        self._stop_timer()
+        self._stats.count_rejected(code)
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        running = self._running
+        if running is not None and running is not self.cycle and not running.response_complete:
+            # an older (pipelined) request is still being answered: no error response
+            # can go ahead of it, so both learn of the end and the connection closes
+            self._disconnect_running()
+            if self.cycle is not None:
+                self.cycle.disconnected = True
+                self.cycle.message_event.set()
+            transport.close()
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
                 transport.close()
                 return
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
-                if cycle.response_started:
-                    transport.close()
-                    return
-            type_ = "invalid_request_error"
-            transport.write(_response(status, reason, messages[code], type_, code))
-            transport.close()
-
-    return RouterProtocol
+        type_ = "invalid_request_error"
+        transport.write(_response(status, reason, self._limits.message(code), type_, code))
+        transport.close()
 
 
 class Server(uvicorn.Server):
@@ -788,7 +818,7 @@ def build_config(app: RouterContext, settings: Settings, **overrides: Any) -> uv
     values: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "http": make_protocol(app),
+        "http": protocol_for(app),
         "lifespan": "on",
         "log_level": settings.log_level.lower(),
         "access_log": settings.access_log,

@@ -189,10 +189,11 @@ async def test_respond_takes_the_checked_path_for_a_head_request_and_after_a_dis
 
 class _Recorder:
     """An ASGI app that records each request's scope and answers 200; also the stand-in
-    router context make_protocol reads its limits from."""
+    router context RouterProtocol reads its limits from (no direct path: ASGI for all)."""
 
     def __init__(self) -> None:
         self.settings = load_settings(workers=["http://127.0.0.1:9"])
+        self.forwarder = None
         self.pool = type("Pool", (), {"stats": PoolStats(), "workers": []})()
         self.draining = False
         self.scopes: list[dict[str, Any]] = []
