@@ -1,9 +1,6 @@
 """ttft: send each request where its predicted time to first token is smallest (default).
 
-Beyond seed 002. LMetric's ``(pending + new_prefill) * num_requests`` is 0 on every idle
-worker, warm or cold, so at low load it scatters sessions; and no seed picker asks whether a
-session's working set still fits a worker's KV cache. This picker prices each healthy
-worker ``i`` in seconds:
+Each healthy worker ``i`` is priced in seconds:
 
     work_i  = pending_prefill_i + uncached_i          (uncached = input - estimated hit)
     ttft_i  = work_i / rate_i + (work_i / chunk_tokens + 1) * (step_s + seq_s * num_requests_i)
@@ -29,144 +26,16 @@ worker ``i`` in seconds:
     cost_i  = ttft_i + fill_i + share_i + evict_i + wait_i + block_i + lora_i + load_i
                                                          g(x) = x^2 / (x^2 + share_tau_s^2)
 
-- ``pending_prefill_i``: the prefill booked there and not yet answered, less what the
-  oldest of it (the one in progress: engines prefill in admission order) has had since it
-  began, at ``rate_i`` (:meth:`router.cache.worker_state.WorkerState.prefill_left`; the
-  clock is the latest booking anywhere). Counted whole until its first token, a long prompt
-  half done read twice its wait, and sessions behind it moved and recomputed their prefix
-  elsewhere (issue 31): over the 26 configurations of bench/pickers/affinity_margin.py, TTFT p90
-  -1.4% and hit rate +0.3 points with it.
-- With a GPU cost profile (``--cost-profile``), ``ttft_i`` is the worker's cost model
-  instead (:class:`router.cache.cost_model.WorkerCost`, ``WorkerView.cost``): its queued
-  prefill and the request's own uncached tokens, each priced with the attention over its
-  cached prefix, in chunked steps that also carry the decode of every running sequence (by
-  its context tokens), times the correction learned from the worker's answers. On the
-  bundled agentic sample over 4 H100-profiled workers it predicts TTFT within 2-4.4%
-  (median) where the flat formula is off by about 30% (docs/simulation.md). The flat
-  profile keeps the formula above. Under a profile the request's own prefill in ``share_i``
-  (``uncached_i / rate_i`` above: what it adds to the prefill of whoever queues behind it)
-  is the profile's too (:meth:`router.cache.cost_model.WorkerCost.prefill_s`: its tokens,
-  the attention over its cached prefix, its steps, times the learned correction). The flat
-  rate, learned from whole TTFTs, read a cold 40k-token prompt's 2.2 s on an H100 as about
-  2 s and a cold 191k one's 33 s as 8-14 s, so the fleet's biggest cold prompts went where
-  many requests were in flight (issue 52 item 4; docs/bench-history.md, "The default's
-  tail under the measured profile"). The other terms keep the rate, as measured there:
-  ``block_i`` priced by the profile (55 s per live session for a cold 250k-token prompt)
-  outweighed the queue, and two such prompts shared one worker of the agentic sample;
-  ``fill_i`` and ``share_i``'s gate on the profile's seconds raised the Weka set's TTFT
-  p90 at 1.5x ttft's capacity from 27 s to 50 s (8 workers x 262k).
-- ``rate_i`` is the worker's effective prefill rate, learned online from observed time to
-  first token and reported cached tokens (:class:`router.cache.workload.PrefillRate`, seeded
-  from configuration, bounded); views without one use ``prefill_tokens_per_s``.
-- The step term is chunked prefill's: every ``chunk_tokens`` of prefill share an engine
-  step with the running batch, whose cost grows with it.
-- ``load_i`` and the tiers: on a worker whose CPU tier the router reads
-  (:func:`policies.hits.estimate_tier_hits`) ``uncached_i`` leaves out what the worker would
-  load from that tier, and a session pushed out of such a worker costs its reload rather than
-  its recompute (``evict_i``, whichever is cheaper).
-- ``fill_i``: a chunked-prefill engine takes each step's ``chunk_tokens`` from the queued
-  requests in admission order, so while prefill is queued every step is full, and a
-  request's first token comes at the end of the step that computes its last prompt token.
-  The last step of a worker's queue is full only if someone comes behind: a request sent
-  there fills it with its own prefill (``min(uncached, free)`` tokens), and every request
-  ending in that step waits those tokens longer (up to a chunk: 0.55 s at 15k tokens/s).
-  ``ttft_i`` counts the queue as a stream of tokens and misses this: on the conversation
-  trace, 8 workers at 1.8x, 49% of requests had their last step filled by followers (0.12 s
-  per request on average), and 204 of the 1,238 over 2 s would have made it without that.
-  The worker state tracks where steps end
-  (:meth:`router.cache.worker_state.WorkerState.prefill_tail`: the prefill booked since its
-  queue was last empty, cut into whole chunks; it matched the simulated engine's in 93% of
-  the picks where prefill was queued and nothing waited for memory); a worker whose queue
-  ends at a whole chunk, or an empty one, costs nobody anything. Its effect on capacity:
-  docs/bench-history.md, "ttft prices the engine step it fills".
-- ``displaced_i``: the KV held on worker ``i`` by *other* sessions seen there recently
-  (:class:`router.cache.workload.SessionFootprint`). When it plus this prompt exceeds the
-  worker's capacity, the tokens this request inserts (``min(uncached, overflow)``) push out
-  other sessions' blocks, least recently seen first; each session pushed out is charged the
-  recompute of its tokens, at most ``displace_cap_tokens`` each (one turn of it goes cold;
-  what an eviction costs is a cold turn, so one huge session does not count as many small
-  ones). The sessions past the capacity, the oldest ``overflow - uncached`` tokens, are out
-  of the worker's cache already (its LRU pushed them out as newer ones came in): pushing
-  them out again costs nothing, so the victims are the oldest sessions still held (before,
-  with a footprint several times the capacity, the charge went to sessions long gone).
-  A session this picker has since bound to another worker is stale here: pushing it
-  out costs nothing. A session's own worker, which already holds its prefix, inserts little
-  and displaces little, so under KV pressure sessions stay put and new ones go where they
-  displace no one.
-- ``returning``: a session pushed out costs its recompute only if it sends another turn.
-  The picker counts the turns it has seen with a session id and those of a session it had
-  seen before; their ratio is the chance that a turn is followed by another (1 before any
-  turn). On the conversation trace 39% of turns come back, on the synthetic trace 44%, on
-  the Weka agentic sample 81%: charging every warm session in full overpriced what a
-  placement pushes out by 2.3-2.6x on the first two.
-- ``wait_i``: an engine admits a request only when its KV fits beside the running ones'. When
-  the worker's in-flight KV (the shadow's pinned blocks plus the output booked for them)
-  and this prompt exceed its capacity, the request waits for running requests to finish:
-  about half the mean booked output at the current decode step. Without it a session whose
-  next turn cannot fit beside a long-running neighbour queues behind it (Weka at 1x: 25
-  requests of one session waited 50-190 s behind one 136k-token request).
-- ``share_i``: uncached work on a busy worker delays whatever arrives there behind it (chunked
-  prefill serves requests in admission order). The gate ``g`` of the predicted wait
-  ``work / rate`` keeps it near 0 for short prefills on a quiet worker (Mooncake's ~1 s
-  prompts at light load) and near ``uncached / rate`` per request in flight for long ones
-  or a backed-up queue (Weka's 60-100k-token cold prompts; the overload rows): big cold
-  prompts go where few requests will queue behind them.
-- ``block_i``: a request whose own prefill is long on every worker (at least ``hopeless_s``:
-  a long prompt cold everywhere) will be slow wherever it goes; what its placement still
-  decides is whom it delays. Sessions live on a worker (``live_i``: seen there within
-  ``live_s``, not bound elsewhere, counted up to ``LIVE_LIMIT``) send their next turns
-  there, and those queue behind its prefill; ``share_i`` counts only the requests in
-  flight, while agentic sessions spend most of their time between turns. So it goes where
-  few sessions live. Short requests never pay it: they are placed for their own TTFT. On
-  Weka at 1x this took ttft's p90 from 1.25 s to 1.10 s (unified 1.42 s).
-- Balance: a new session (unbound) whose best workers are equal but for their learned rates
-  (priced at the configured rate, within ``balance_slack_s``; at their learned rates at
-  most twice the best) goes to the one with the fewest live sessions, then the fewest
-  requests. A rate learned from a few noisy samples would otherwise draw every new session
-  to the worker that measured fastest, and each session brings its later turns with it
-  (real vLLM workers on one machine: up to 1.75x the mean requests on one worker).
-- ``lora_i``: a request for a LoRA adapter (:mod:`router.cache.lora`) the worker does not
-  hold pays the adapter's load, ``lora_load_s``, once for itself and once for every
-  request running there (the engine loads it before the step they share). With no free
-  slot a resident adapter gives way: its next request there pays the load again. When
-  every slot (``max_loras``) runs another adapter the request waits until one of them
-  drains, and when it takes the last slot the adapter it displaced waits so: ``drain_i``,
-  the longest of the ``k_i`` requests of the adapter with the fewest (``H(k)``, the
-  harmonic number, times one request's remaining decode). So an adapter's requests go
-  where it is resident, and adapters spread over workers once the slots run out. The
-  adapter's own prefix cache (its blocks are no hit elsewhere) pulls the same way.
-- Affinity: a session stays on the worker it was last sent to while that worker's cost is
-  within ``affinity_margin`` (relative) plus ``affinity_slack_s`` of the best; the estimate is
-  noisy and every move duplicates the session's prefix on a second worker. The margin is
-  0.5, chosen against 0.1 over 26 offline configurations of traces, fleet sizes and loads
-  (bench/pickers/affinity_margin.py; the figures: docs/bench-history.md, issue 31).
-- Adapter affinity: a LoRA request that does not stay on its session's worker goes to the
-  cheapest healthy worker where its adapter is resident and not blocked (no slot to wait
-  for) while that worker's cost is within ``adapter_slack_s`` (plus ``adapter_margin``,
-  relative, 0 by default) of the best, as LoRA-aware routers do (the Gateway API Inference
-  Extension's LoRA-affinity filter, AIBrix). ``lora_i`` prices a swap as one request sees
-  it; it leaves out the chain a swap starts once every slot is in use: the adapter it
-  displaces reloads on its next request and displaces another, and so on, each load
-  stalling a running batch. At light load, where a load looks cheap beside a prefill,
-  ttft so kept adapters moving from worker to worker. The slack is absolute, not relative
-  like the session margin: avoiding a swap saves the same seconds whatever the prompt's
-  size (a relative margin moved 60k-token Weka prompts seconds away from their best
-  worker, raising its TTFT p90). Its default, ``10 * lora_load_s`` (0.5 s), is about one
-  chain once round a 4-worker fleet: about 5 loads, each stalling this request and a
-  running one; well under the queue of one long prompt, so load still spreads adapters
-  over workers (a request that spills loads a second copy, itself a home from then on).
-  Session affinity wins where both apply: a session kept on its worker (within its margin)
-  stays there even when its adapter is resident elsewhere. Its worker holds the session's
-  prefix under this adapter (an adapter's blocks are no hit anywhere else), so leaving
-  recomputes the whole prefix, seconds for an agentic session, against one adapter load
-  (tens of ms per running request); and with adapter first a session would follow its
-  adapter from worker to worker, duplicating its prefix at each move. A bound session
-  that leaves its worker (beyond the session margin) goes where its adapter is, within
-  the adapter slack. The rule applies only when no worker as cheap as the best holds the
-  adapter (otherwise the cost or balance branches already choose one that does); a request
-  without an adapter never reaches it.
-- An idle worker is never scored 0 regardless of cache (unlike LMetric): its cost is its own
-  uncached prefill, so the warm idle worker beats the cold idle one.
+Terms not defined above: ``pending_prefill_i`` the prefill booked on worker ``i`` and not yet
+answered, less what its oldest has had since it began; ``rate_i`` its learned prefill rate;
+``displaced_i`` the KV of other sessions that this prompt pushes out; ``returning`` the share
+of turns that another follows; ``live_i`` the sessions seen there within ``live_s``. With a
+GPU cost profile ``ttft_i`` (and the request's own prefill in ``share_i``) is the worker's
+cost model. The rules on top of the costs: session affinity within ``affinity_margin`` plus
+``affinity_slack_s``; a new session among near-equal workers goes where fewest sessions
+live (balance); a LoRA request goes where its adapter is resident within
+``adapter_slack_s``. Why each term and rule is there, and what it measured:
+docs/ttft.md (the figures: docs/bench-history.md).
 
 Exact ties (an idle, cold fleet) go round-robin. Bindings live in a bounded LRU table. The
 picker reads the views only; the rate and the footprint are fed by the worker state's booking
@@ -181,7 +50,10 @@ ties); requests without a session take ``adapter_stick``, ``cost`` or ``tie_rr``
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from policies.base import (
     BlockShadow,
@@ -202,7 +74,7 @@ from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
 
 AFFINITY_MARGIN = 0.5
 AFFINITY_SLACK_S = 0.05
-ADAPTER_MARGIN = 0.0  # a swap costs absolute seconds: the slack alone (see the module doc)
+ADAPTER_MARGIN = 0.0  # a swap costs absolute seconds: the slack alone (docs/ttft.md)
 EVICTION_WEIGHT = 1.0
 DISPLACE_CAP_TOKENS = 40_000
 MEMORY_WEIGHT = 1.0
@@ -223,62 +95,127 @@ for _k in range(1, 65):
     HARMONIC.append(HARMONIC[-1] + 1.0 / _k)  # H(k): the expected max of k exponentials
 
 
+@dataclass(frozen=True, kw_only=True)
+class TtftParams:
+    """ttft's parameters: the picker params (``--picker-param key=value``), checked once."""
+
+    affinity_margin: float = AFFINITY_MARGIN
+    affinity_slack_s: float = AFFINITY_SLACK_S
+    eviction_weight: float = EVICTION_WEIGHT
+    displace_cap_tokens: int = DISPLACE_CAP_TOKENS
+    memory_weight: float = MEMORY_WEIGHT
+    share_weight: float = SHARE_WEIGHT
+    share_tau_s: float = SHARE_TAU_S
+    block_weight: float = BLOCK_WEIGHT
+    hopeless_s: float = HOPELESS_S
+    live_s: float = LIVE_S
+    balance_slack_s: float = BALANCE_SLACK_S
+    prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
+    chunk_tokens: int = CHUNK_TOKENS
+    step_s: float = STEP_OVERHEAD_S
+    seq_s: float = SEQ_S
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    lora_load_s: float = LORA_LOAD_S
+    adapter_margin: float = ADAPTER_MARGIN
+    adapter_slack_s: float | None = None  # None: ADAPTER_CHAIN * lora_load_s
+
+    def __post_init__(self) -> None:
+        if self.prefill_tokens_per_s <= 0 or self.chunk_tokens <= 0:
+            raise ValueError("prefill_tokens_per_s and chunk_tokens must be positive")
+        if self.adapter_slack_s is None:  # a swap's chain of loads (docs/ttft.md)
+            object.__setattr__(self, "adapter_slack_s", ADAPTER_CHAIN * self.lora_load_s)
+        knobs = (self.affinity_margin, self.affinity_slack_s, self.eviction_weight)
+        knobs += (self.memory_weight, self.share_weight, self.block_weight, self.adapter_margin)
+        times = (self.share_tau_s, self.hopeless_s, self.live_s, self.balance_slack_s)
+        times += (self.lora_load_s, self.adapter_slack_s)
+        if min(*knobs, *times, self.displace_cap_tokens) < 0:
+            raise ValueError("margins, weights, times and displace_cap_tokens must be >= 0")
+
+
+# The terms of the formula in the module docstring, one function each (seconds).
+
+
+def ttft_i(p: TtftParams, work: float, rate: float, n: int) -> float:
+    """The flat formula: ``work`` tokens of prefill at ``rate``, in chunked steps that carry
+    the ``n`` requests in flight."""
+    return work / rate + (work / p.chunk_tokens + 1.0) * (p.step_s + p.seq_s * n)
+
+
+def fill_i(uncached: int, free: int, ending: int, rate: float) -> float:
+    """The request's prefill that fills the queue's last step, waited by the ``ending``
+    requests whose prefill ends in it (``free`` tokens left of its chunk)."""
+    return (uncached if uncached < free else free) / rate * ending
+
+
+def share_i(p: TtftParams, own: float, n: int, work: float, rate: float) -> float:
+    """The request's own prefill ``own``, delayed for each of the ``n`` in flight, gated by
+    ``g`` of the predicted wait ``work / rate``."""
+    extra = p.share_weight * own * n
+    tau2 = p.share_tau_s * p.share_tau_s
+    if tau2:
+        wait = work / rate
+        wait *= wait
+        extra *= wait / (wait + tau2)
+    return extra
+
+
+def hopeless(p: TtftParams, own_min: float) -> bool:
+    """Whether the request's own prefill is at least ``hopeless_s`` on every worker (so
+    ``block_i`` applies)."""
+    return bool(p.block_weight) and p.hopeless_s <= own_min < INF
+
+
+def block_i(p: TtftParams, uncached: int, rate: float, live: int) -> float:
+    """The request's own prefill times the ``live`` sessions that queue behind it."""
+    return p.block_weight * uncached / rate * live
+
+
+def drain_i(p: TtftParams, decode: int, n: int, k: int) -> float:
+    """The wait for the adapter with ``k`` requests running to drain: about ``H(k)`` times
+    one request's remaining decode (``decode`` tokens booked over ``n`` requests)."""
+    return decode / n / 2 * (p.step_s + p.seq_s * n) * HARMONIC[k]
+
+
+def lora_i(p: TtftParams, slots: AdapterSlots, adapter: str, n: int, decode: int) -> float:
+    """An adapter not resident on a worker with ``n`` requests in flight (``decode`` tokens
+    of output booked): its load, a resident adapter's reload, the wait for a slot."""
+    load = p.lora_load_s * (1 + n)  # the load stalls the step of every running request
+    if not n:
+        return load + load if slots.full() else load
+    running = slots.running
+    k = min(min(running.values(), default=1), len(HARMONIC) - 1)
+    drain = drain_i(p, decode, n, k)
+    cost = load + drain if slots.blocked(adapter) else load
+    if slots.full():  # a resident adapter gives way: its next request here reloads it,
+        cost += load  # and waits for a drain first when this one takes the last slot
+        if len(running) + 1 >= slots.max_loras:
+            cost += drain
+    return cost
+
+
+def evict_i(p: TtftParams, returning: float, pushed: float, rate: float, reload: float) -> float:
+    """The recompute (or the reload from a CPU tier, whichever is cheaper) of the ``pushed``
+    tokens of other sessions, as likely to come back as ``returning``."""
+    per_token = min(1.0 / rate, reload) if reload else 1.0 / rate
+    return p.eviction_weight * returning * pushed * per_token
+
+
+def wait_i(p: TtftParams, memory: float, decode: int, n: int) -> float:
+    """The wait for memory: about half the mean booked output at the current decode step."""
+    return memory * 0.5 * decode / n * (p.step_s + p.seq_s * n)
+
+
 class TTFTPicker:
-    """Smallest predicted time to first token plus the recompute a placement causes."""
+    """Smallest predicted time to first token plus the recompute a placement causes.
+
+    Its keyword arguments are :class:`TtftParams`' fields (the registry's picker params)."""
 
     name = "ttft"
     needs = (LearnedRate, PrefillProgress, SessionFootprints, BlockShadow, CPUTier, LoRASlots)
 
-    def __init__(
-        self,
-        *,
-        affinity_margin: float = AFFINITY_MARGIN,
-        affinity_slack_s: float = AFFINITY_SLACK_S,
-        eviction_weight: float = EVICTION_WEIGHT,
-        displace_cap_tokens: int = DISPLACE_CAP_TOKENS,
-        memory_weight: float = MEMORY_WEIGHT,
-        share_weight: float = SHARE_WEIGHT,
-        share_tau_s: float = SHARE_TAU_S,
-        block_weight: float = BLOCK_WEIGHT,
-        hopeless_s: float = HOPELESS_S,
-        live_s: float = LIVE_S,
-        balance_slack_s: float = BALANCE_SLACK_S,
-        prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
-        chunk_tokens: int = CHUNK_TOKENS,
-        step_s: float = STEP_OVERHEAD_S,
-        seq_s: float = SEQ_S,
-        max_sessions: int = DEFAULT_MAX_SESSIONS,
-        lora_load_s: float = LORA_LOAD_S,
-        adapter_margin: float = ADAPTER_MARGIN,
-        adapter_slack_s: float | None = None,
-    ) -> None:
-        if prefill_tokens_per_s <= 0 or chunk_tokens <= 0:
-            raise ValueError("prefill_tokens_per_s and chunk_tokens must be positive")
-        if adapter_slack_s is None:  # a swap's chain of loads (see the module docstring)
-            adapter_slack_s = ADAPTER_CHAIN * lora_load_s
-        knobs = (affinity_margin, affinity_slack_s, eviction_weight, memory_weight, share_weight)
-        times = (share_tau_s, hopeless_s, live_s, balance_slack_s, lora_load_s, adapter_slack_s)
-        if min(*knobs, block_weight, adapter_margin, *times, displace_cap_tokens) < 0:
-            raise ValueError("margins, weights, times and displace_cap_tokens must be >= 0")
-        self.affinity_margin = affinity_margin
-        self.affinity_slack_s = affinity_slack_s
-        self.eviction_weight = eviction_weight
-        self.displace_cap_tokens = displace_cap_tokens
-        self.memory_weight = memory_weight
-        self.share_weight = share_weight
-        self.share_tau_s = share_tau_s
-        self.block_weight = block_weight
-        self.hopeless_s = hopeless_s
-        self.live_s = live_s
-        self.balance_slack_s = balance_slack_s
-        self.prefill_tokens_per_s = prefill_tokens_per_s
-        self.chunk_tokens = chunk_tokens
-        self.step_s = step_s
-        self.seq_s = seq_s
-        self.lora_load_s = lora_load_s
-        self.adapter_margin = adapter_margin
-        self.adapter_slack_s = adapter_slack_s
-        self.sessions = SessionTable(max_sessions)
+    def __init__(self, **params: Any) -> None:
+        self.params = TtftParams(**params)
+        self.sessions = SessionTable(self.params.max_sessions)
         self._rr = RoundRobinCounter()
         # turns with a session id, and those of a session seen before: the share of turns
         # that a next turn follows, the chance a warm session pushed out comes back for it
@@ -286,6 +223,7 @@ class TTFTPicker:
         self._returns = 0
 
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
+        p = self.params
         hits, loads, best_hit = estimate_tier_hits(request, workers)
         session = request.session_id
         bound = None
@@ -300,16 +238,16 @@ class TTFTPicker:
         best = min(costs)  # unhealthy workers cost inf; at least one is healthy
         if bound is not None:
             bound_cost = costs[bound]
-            if bound_cost <= best * (1.0 + self.affinity_margin) + self.affinity_slack_s:
+            if bound_cost <= best * (1.0 + p.affinity_margin) + p.affinity_slack_s:
                 return Pick(bound, "affinity_stick", hits[bound], best_hit)
         if homes:
             home = min(homes, key=costs.__getitem__)
             cost = costs[home]
-            if best < cost <= best * (1.0 + self.adapter_margin) + self.adapter_slack_s:
+            if best < cost <= best * (1.0 + p.adapter_margin) + p.adapter_slack_s:
                 if session is not None:
                     self.sessions.bind(session, home)
                 return Pick(home, "adapter_stick", hits[home], best_hit)
-        if bound is None and session is not None and self.balance_slack_s:
+        if bound is None and session is not None and p.balance_slack_s:
             chosen = self._balance(request, workers, hits, costs, best, loads)
             if chosen is not None:
                 self.sessions.bind(session, chosen)
@@ -355,15 +293,13 @@ class TTFTPicker:
         Priced at the configured rate, the workers within ``balance_slack_s`` of the best
         (and at most twice the best at their learned rates) are near-equal; of those, the
         one with the fewest live sessions, then the fewest requests, round-robin among ties.
-        None when fewer than two are near-equal. Why: a rate learned from a few noisy
-        samples would otherwise send every new session to the worker that measured fastest,
-        and each session brings all its later turns with it.
+        None when fewer than two are near-equal (docs/ttft.md, "Balance").
         """
         if workers[0].footprint is None:
             return None
+        p = self.params
         # first the queue and own prefill alone (cheap): usually one worker is clearly ahead
-        length, rate = request.input_length, self.prefill_tokens_per_s
-        step_s, seq_s, chunk = self.step_s, self.seq_s, self.chunk_tokens
+        length, rate = request.input_length, p.prefill_tokens_per_s
         first = workers[0].cost
         priced = first is not None and first.profiled
         clock = max(w.cost.clock for w in workers) if priced else 0.0
@@ -377,22 +313,18 @@ class TTFTPicker:
                 own = w.cost.ttft_s(uncached, length - uncached, clock, corrected=False)
                 base.append(own + (loads[i] if loads else 0.0))
             else:
-                base.append(
-                    work / rate
-                    + (work / chunk + 1.0) * (step_s + seq_s * w.num_requests)
-                    + (loads[i] if loads else 0.0)
-                )
-        cut = min(base) + self.balance_slack_s
+                base.append(ttft_i(p, work, rate, w.num_requests) + (loads[i] if loads else 0.0))
+        cut = min(base) + p.balance_slack_s
         if sum(1 for b in base if b <= cut) < 2:
             return None
         common = self.costs(request, workers, hits, learned_rates=False, loads=loads)
-        limit = min(common) + self.balance_slack_s
+        limit = min(common) + p.balance_slack_s
         top = 2.0 * best
         near = [i for i, c in enumerate(common) if c <= limit and costs[i] <= top]
         if len(near) < 2:
             return None
         session = request.session_id
-        since = max(w.footprint.clock for w in workers) - self.live_s
+        since = max(w.footprint.clock for w in workers) - p.live_s
         peek = self.sessions.peek
         load = [
             (
@@ -416,9 +348,10 @@ class TTFTPicker:
         also: Sequence[int] = (),
         loads: Sequence[float] | None = None,
     ) -> list[float]:
-        """Predicted seconds per worker (inf for unhealthy ones); see the module docstring.
+        """Predicted seconds per worker (inf for unhealthy ones): ``cost_i`` of the module
+        docstring.
 
-        With ``exact=False`` (what :meth:`pick` uses) the KV charges (``evict``, ``wait``,
+        With ``exact=False`` (what :meth:`pick` uses) the KV charges (``evict_i``, ``wait_i``,
         never negative) are added only where they can matter: to the cheapest worker before
         them, to ``keep`` (the session's worker), to every worker whose cost before them is
         at most the best total found so far, and to those of ``also`` (the adapter's
@@ -426,32 +359,55 @@ class TTFTPicker:
         already above the minimum (or that slack), so the minimum, its ties, ``keep``'s cost
         and every cost of ``also`` that the adapter rule could accept are exact.
         """
-        length = request.input_length
-        default_rate = self.prefill_tokens_per_s
-        chunk, step_s, seq_s = self.chunk_tokens, self.step_s, self.seq_s
-        share = self.share_weight
-        tau2 = self.share_tau_s * self.share_tau_s
+        p = self.params
         first = workers[0] if workers else None
         # the views are of one kind: check the first
         learned = learned_rates and first is not None and first.rate is not None
-        costs: list[float] = []
-        own_min = INF  # the request's own prefill on the worker where it is shortest
-        adapter = request.adapter
+        costs, own_min = self._queue_costs(request, workers, hits, learned, loads)
+        footprints = first is not None and first.footprint is not None
+        if footprints and hopeless(p, own_min):
+            self._add_block(request, workers, hits, costs, learned)
+        tracked = p.eviction_weight and footprints
+        shadow = first is not None and first.blocks is not None
+        memory = p.memory_weight if shadow else 0.0
+        if not (tracked or memory):
+            return costs
+        if exact:
+            for i, worker in enumerate(workers):
+                if costs[i] != INF:
+                    costs[i] += self._charge(request, workers, worker, i, hits[i], learned, memory)
+        else:
+            self._add_charges(request, workers, hits, costs, keep, also, learned, memory)
+        return costs
+
+    def _queue_costs(
+        self,
+        request: RequestFeatures,
+        workers: Sequence[WorkerView],
+        hits: Sequence[int],
+        learned: bool,
+        loads: Sequence[float] | None,
+    ) -> tuple[list[float], float]:
+        """``ttft_i + load_i + fill_i + share_i + lora_i`` per worker (inf for unhealthy
+        ones), and the request's own prefill where it is shortest (the hopeless test)."""
+        p = self.params
+        length = request.input_length
+        first = workers[0] if workers else None
         # the latest booking anywhere: how far the workers' queued prefills have got since
         progress = first is not None and first.prefill_queue is not None
         now = max(w.footprint.clock for w in workers) if progress else 0.0
         # ttft_i from the workers' cost models when a GPU profile prices them
         priced = first is not None and first.cost is not None and first.cost.profiled
-        if priced:
-            clock = max(w.cost.clock for w in workers)
-        tails = progress  # views that track the queue track where its steps end
+        clock = max(w.cost.clock for w in workers) if priced else 0.0
+        costs: list[float] = []
+        own_min = INF  # the request's own prefill on the worker where it is shortest
         for i, worker in enumerate(workers):
             hit = hits[i]
             if hit == UNHEALTHY:
                 costs.append(INF)
                 continue
             uncached = length - hit if length > hit else 0
-            rate = worker.rate.tokens_per_s if learned else default_rate
+            rate = worker.rate.tokens_per_s if learned else p.prefill_tokens_per_s
             n = worker.num_requests
             flat = uncached / rate  # its own prefill at the rate (block_i, the hopeless test)
             if flat < own_min:
@@ -463,40 +419,36 @@ class TTFTPicker:
                 # what it adds to the prefill of anyone queued behind it (share_i)
                 own = worker.cost.prefill_s(uncached, length - uncached, learned)
             else:
-                cost = work / rate + (work / chunk + 1.0) * (step_s + seq_s * n)
+                cost = ttft_i(p, work, rate, n)
                 own = flat
-            if loads:  # its prefix's load from the CPU tier (the batch runs on meanwhile)
+            if loads:  # load_i: its prefix's load from the CPU tier (the batch runs on)
                 cost += loads[i]
-            if tails and uncached:  # fill_i: it fills the queue's last step
-                free, ending = worker.prefill_tail(chunk)
+            if progress and uncached:  # views that track the queue track where steps end
+                free, ending = worker.prefill_tail(p.chunk_tokens)
                 if ending:
-                    cost += (uncached if uncached < free else free) / rate * ending
-            if share and uncached and n:
-                extra = share * own * n
-                if tau2:
-                    wait = work / rate
-                    wait *= wait
-                    extra *= wait / (wait + tau2)
-                cost += extra
-            if adapter is not None:
+                    cost += fill_i(uncached, free, ending, rate)
+            if p.share_weight and uncached and n:
+                cost += share_i(p, own, n, work, rate)
+            if request.adapter is not None:
                 slots = worker.adapters  # views without slots: no term
-                if slots is not None and not slots.resident(adapter):
-                    cost += self._lora(slots, adapter, n, worker.ongoing_decode_tokens)
+                if slots is not None and not slots.resident(request.adapter):
+                    cost += lora_i(p, slots, request.adapter, n, worker.ongoing_decode_tokens)
             costs.append(cost)
-        footprints = first is not None and first.footprint is not None
-        if self.block_weight and footprints and self.hopeless_s <= own_min < INF:
-            self._add_block(request, workers, hits, costs, learned)
-        tracked = self.eviction_weight and footprints
-        shadow = first is not None and first.blocks is not None
-        memory = self.memory_weight if shadow else 0.0
-        if not (tracked or memory):
-            return costs
+        return costs, own_min
+
+    def _add_charges(
+        self,
+        request: RequestFeatures,
+        workers: Sequence[WorkerView],
+        hits: Sequence[int],
+        costs: list[float],
+        keep: int | None,
+        also: Sequence[int],
+        learned: bool,
+        memory: float,
+    ) -> None:
+        """Add the KV charges where they can matter (``costs``' ``exact=False``), in place."""
         charge = self._charge
-        if exact:
-            for i, worker in enumerate(workers):
-                if costs[i] != INF:
-                    costs[i] += charge(request, workers, worker, i, hits[i], learned, memory)
-            return costs
         best_i = costs.index(min(costs))
         done = {best_i, keep}
         best = costs[best_i] = costs[best_i] + charge(
@@ -514,35 +466,16 @@ class TTFTPicker:
                 if costs[i] < best:
                     best = costs[i]
         if also:  # the adapter's workers that the rule could still choose (charges only add)
-            limit = best * (1.0 + self.adapter_margin) + self.adapter_slack_s
+            limit = best * (1.0 + self.params.adapter_margin) + self.params.adapter_slack_s
             for i in also:
                 if i not in done and costs[i] <= limit:
                     costs[i] += charge(request, workers, workers[i], i, hits[i], learned, memory)
-        return costs
 
     @property
     def return_rate(self) -> float:
         """The share of the turns so far that came from a session seen before: the chance a
         warm session sends another turn (1 before any turn)."""
         return self._returns / self._turns if self._turns else 1.0
-
-    def _lora(self, slots: AdapterSlots, adapter: str, n: int, decode: int) -> float:
-        """``lora_i`` of an adapter not resident on a worker with ``n`` requests in flight
-        (``decode`` tokens of output booked): see the module docstring."""
-        load = self.lora_load_s * (1 + n)  # the load stalls the step of every running request
-        if not n:
-            return load + load if slots.full() else load
-        running = slots.running
-        # the wait for a slot: until the first adapter running there drains, the longest of
-        # its k requests (about H(k) times one request's remaining decode)
-        k = min(min(running.values(), default=1), len(HARMONIC) - 1)
-        drain = decode / n / 2 * (self.step_s + self.seq_s * n) * HARMONIC[k]
-        cost = load + drain if slots.blocked(adapter) else load
-        if slots.full():  # a resident adapter gives way: its next request here reloads it,
-            cost += load  # and waits for a drain first when this one takes the last slot
-            if len(running) + 1 >= slots.max_loras:
-                cost += drain
-        return cost
 
     def _add_block(
         self,
@@ -555,8 +488,9 @@ class TTFTPicker:
         """Add ``block_i`` to ``costs`` in place: the request's own prefill on worker ``i``
         times the sessions live there (seen within ``live_s``, not bound elsewhere), who
         will queue behind it when their next turn comes."""
+        p = self.params
         length = request.input_length
-        since = max(w.footprint.clock for w in workers) - self.live_s
+        since = max(w.footprint.clock for w in workers) - p.live_s
         home_of, sid = self.sessions.peek, request.session_id
         for i, worker in enumerate(workers):
             if costs[i] == INF:
@@ -564,8 +498,8 @@ class TTFTPicker:
             live = worker.footprint.live_sessions(sid, since, home_of, i, LIVE_LIMIT)
             if live:
                 hit = hits[i]
-                rate = worker.rate.tokens_per_s if learned else self.prefill_tokens_per_s
-                costs[i] += self.block_weight * (length - hit if length > hit else 0) / rate * live
+                rate = worker.rate.tokens_per_s if learned else p.prefill_tokens_per_s
+                costs[i] += block_i(p, length - hit if length > hit else 0, rate, live)
 
     def _charge(
         self,
@@ -577,17 +511,17 @@ class TTFTPicker:
         learned: bool,
         memory: float,
     ) -> float:
-        """Worker ``i``'s KV charges: the recompute it pushes onto other sessions
-        (``evict``) and the wait for memory (``wait``), in seconds."""
+        """Worker ``i``'s KV charges: ``evict_i + wait_i``, in seconds."""
+        p = self.params
         length = request.input_length
         uncached = length - hit if length > hit else 0
-        rate = worker.rate.tokens_per_s if learned else self.prefill_tokens_per_s
+        rate = worker.rate.tokens_per_s if learned else p.prefill_tokens_per_s
         capacity = worker.kv_capacity_tokens
         charge = 0.0
         footprint = worker.footprint
         # footprint.warm_tokens + length is an upper bound of what it holds: check closer
         if (
-            self.eviction_weight
+            p.eviction_weight
             and footprint is not None
             and uncached
             and footprint.warm_tokens + length > capacity
@@ -599,18 +533,21 @@ class TTFTPicker:
                 uncached,
                 capacity,
                 now,
-                self.displace_cap_tokens,
+                p.displace_cap_tokens,
                 self.sessions.peek,
                 i,
             )
             # a session pushed out of a worker with a CPU tier reloads rather than recomputes
             reload = worker.kv_load_s_per_token if worker.tiered else 0.0
-            per_token = min(1.0 / rate, reload) if reload else 1.0 / rate
-            charge += self.eviction_weight * self.return_rate * pushed * per_token
+            charge += evict_i(p, self.return_rate, pushed, rate, reload)
         n = worker.num_requests
         if memory and n:
             blocks = worker.blocks
             decode = worker.ongoing_decode_tokens
             if blocks.pinned_blocks * blocks.block_size + decode + length > capacity:
-                charge += memory * 0.5 * decode / n * (self.step_s + self.seq_s * n)
+                charge += wait_i(p, memory, decode, n)
         return charge
+
+
+# the registry reads a picker's parameters from its signature: ttft's are TtftParams' fields
+TTFTPicker.__signature__ = inspect.signature(TtftParams)  # type: ignore[attr-defined]

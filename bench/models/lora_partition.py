@@ -57,7 +57,7 @@ class PartitionPicker(TTFTPicker):
         if hits[home] != UNHEALTHY:
             costs = self.costs(request, workers, hits)
             limit = min(costs) * (1.0 + self.margin) if self.margin is not None else None
-            if limit is None or costs[home] <= limit + self.affinity_slack_s:
+            if limit is None or costs[home] <= limit + self.params.affinity_slack_s:
                 self.sessions.bind(session, home)
                 return Pick(home, "partition", hits[home], best_hit)
         return super().pick(request, workers)

@@ -332,7 +332,7 @@ def test_adapter_affinity_prefers_a_worker_holding_the_adapter_within_the_slack(
     costs = picker.costs(_lora_request("lora-1"), [home, cold], [0, 0])
     assert costs[0] == pytest.approx(4000 / RATE + (4000 / CHUNK + 1) * STEP)
     assert costs[1] == pytest.approx(1000 / RATE + (1000 / CHUNK + 1) * STEP + 0.05)
-    assert costs[1] < costs[0] <= costs[1] + picker.adapter_slack_s  # within 10 * 50 ms
+    assert costs[1] < costs[0] <= costs[1] + picker.params.adapter_slack_s  # within 10 * 50 ms
     pick = picker.pick(_lora_request("lora-1", "s1"), [home, cold])
     assert (pick.worker, pick.branch) == (0, "adapter_stick")
     assert picker.sessions.get("s1") == 0  # the session is bound where it went
@@ -340,7 +340,7 @@ def test_adapter_affinity_prefers_a_worker_holding_the_adapter_within_the_slack(
     plain = TTFTPicker(adapter_slack_s=0.0).pick(_lora_request("lora-1"), [home, cold])
     assert (plain.worker, plain.branch) == (1, "cost")
     # the default slack follows the load's cost
-    assert TTFTPicker(lora_load_s=0.1).adapter_slack_s == pytest.approx(1.0)
+    assert TTFTPicker(lora_load_s=0.1).params.adapter_slack_s == pytest.approx(1.0)
 
 
 def test_adapter_affinity_lets_go_when_the_adapters_worker_is_clearly_worse(worker):
@@ -522,5 +522,5 @@ def test_with_a_gpu_profile_share_prices_the_prompts_own_prefill_with_the_profil
     own = worker.cost.prefill_s(100_352, 0)
     assert own > 1.4 * 100_352 / RATE
     wait = (2 * 8192 + 100_352) / worker.rate.tokens_per_s  # the gate keeps the rate
-    share = own * 2 * wait * wait / (wait * wait + picker.share_tau_s**2)
+    share = own * 2 * wait * wait / (wait * wait + picker.params.share_tau_s**2)
     assert picker.costs(request, [worker], [0])[0] == pytest.approx(ttft + share, rel=1e-6)

@@ -48,7 +48,7 @@ def test_the_router_is_given_the_workers_time_scale(bench, monkeypatch) -> None:
     assert prior == DEFAULT_PREFILL_TOKENS_PER_S * 5
     assert "CACHE_ROUTER_PICKER_PARAMS" not in bench.time_scaled_env("unified", 5.0)
     params = json.loads(bench.time_scaled_env("ttft", 5.0)["CACHE_ROUTER_PICKER_PARAMS"])
-    default = TTFTPicker()
+    default = TTFTPicker().params
     assert params["hopeless_s"] == pytest.approx(default.hopeless_s / 5)
     assert params["step_s"] == pytest.approx(default.step_s / 5)
     assert params["prefill_tokens_per_s"] == pytest.approx(default.prefill_tokens_per_s * 5)

@@ -123,8 +123,10 @@ def test_a_router_in_front_of_time_scaled_workers_prices_in_their_seconds():
     )
     params = dict(args.picker_params)
     picker = TTFTPicker(**params)  # what serve builds from them
-    assert picker.hopeless_s == pytest.approx(TTFTPicker().hopeless_s / 20)
-    assert picker.prefill_tokens_per_s == pytest.approx(TTFTPicker().prefill_tokens_per_s * 20)
+    assert picker.params.hopeless_s == pytest.approx(TTFTPicker().params.hopeless_s / 20)
+    assert picker.params.prefill_tokens_per_s == pytest.approx(
+        TTFTPicker().params.prefill_tokens_per_s * 20
+    )
     assert args.prefill_tokens_per_s == pytest.approx(300_000.0)
 
 

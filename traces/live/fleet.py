@@ -167,16 +167,16 @@ def time_scaled_settings(policy: str, time_scale: float) -> tuple[float | None, 
     slacks stay in modelled seconds: on the agentic sample at 5x the live router moved 4-19
     sessions a salt where the simulator at the same send times moved 3-9 (bench/RESULTS.md,
     issue 31)."""
-    from policies.ttft import TTFTPicker
+    from policies.ttft import TtftParams
     from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S
 
     if time_scale == 1.0:
         return None, {}
     params: dict = {}
     if policy == "ttft":
-        picker = TTFTPicker()
-        params = {k: getattr(picker, k) / time_scale for k in TTFT_SECONDS}
-        params["prefill_tokens_per_s"] = picker.prefill_tokens_per_s * time_scale
+        default = TtftParams()
+        params = {k: getattr(default, k) / time_scale for k in TTFT_SECONDS}
+        params["prefill_tokens_per_s"] = default.prefill_tokens_per_s * time_scale
     return DEFAULT_PREFILL_TOKENS_PER_S * time_scale, params
 
 
