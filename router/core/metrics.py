@@ -257,9 +257,9 @@ def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
     return CounterMetricFamily(PREFIX + name, doc, labels=labels)
 
 
-def _gauge(name: str, doc: str) -> GaugeMetricFamily:
-    """A gauge by worker."""
-    return GaugeMetricFamily(PREFIX + name, doc, labels=["worker"])
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = ("worker",)) -> GaugeMetricFamily:
+    """A gauge, by worker unless told."""
+    return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
 
 
 def request_metrics(pool: WorkerPool, policy: str, workers: list) -> list[Metric]:
@@ -659,9 +659,6 @@ def truth_metrics(workers: list) -> Iterator[Metric]:
     """
     import time
 
-    def gauge(name: str, doc: str, labels: tuple[str, ...] = ("worker",)) -> GaugeMetricFamily:
-        return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
-
     queries = CounterMetricFamily(
         PREFIX + "worker_prefix_cache_queries",
         "Worker's prefix cache queries (tokens)",
@@ -675,24 +672,24 @@ def truth_metrics(workers: list) -> Iterator[Metric]:
     failures = CounterMetricFamily(
         PREFIX + "worker_metrics_scrape_failures", "Failed /metrics scrapes", labels=["worker"]
     )
-    hit_rate = gauge("worker_prefix_cache_hit_rate", "Worker's own prefix cache hit rate")
-    running = gauge("worker_requests_running", "Requests the worker reports running")
-    waiting = gauge("worker_requests_waiting", "Requests the worker reports waiting")
-    usage = gauge("worker_kv_cache_usage_ratio", "Worker's KV cache usage (0..1)")
-    capacity = gauge("worker_kv_capacity_tokens", "Worker's KV capacity (block_size x blocks)")
-    age = gauge("worker_metrics_age_seconds", "Seconds since the last successful scrape")
+    hit_rate = _gauge("worker_prefix_cache_hit_rate", "Worker's own prefix cache hit rate")
+    running = _gauge("worker_requests_running", "Requests the worker reports running")
+    waiting = _gauge("worker_requests_waiting", "Requests the worker reports waiting")
+    usage = _gauge("worker_kv_cache_usage_ratio", "Worker's KV cache usage (0..1)")
+    capacity = _gauge("worker_kv_capacity_tokens", "Worker's KV capacity (block_size x blocks)")
+    age = _gauge("worker_metrics_age_seconds", "Seconds since the last successful scrape")
     scored = CounterMetricFamily(
         PREFIX + "shadow_scored_prompt_tokens",
         "Prompt tokens of the requests a shadow was scored on",
         labels=["worker", "shadow"],
     )
-    ratio = gauge(
+    ratio = _gauge(
         "shadow_error_ratio",
         "Sum |estimated - reported cached tokens| / prompt tokens, all workers",
         ("shadow",),
     )
-    synced = gauge("worker_kv_events_synced", "1 while the KV-event index is in sync")
-    kv_blocks = gauge("worker_kv_events_blocks", "Blocks in the KV-event index")
+    synced = _gauge("worker_kv_events_synced", "1 while the KV-event index is in sync")
+    kv_blocks = _gauge("worker_kv_events_blocks", "Blocks in the KV-event index")
     kv_total = CounterMetricFamily(
         PREFIX + "kv_events", "KV event processing by kind", labels=["worker", "kind"]
     )
