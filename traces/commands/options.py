@@ -43,6 +43,7 @@ from traces.sim.worker_model import (
     add_model_options,
     add_profile_option,
     args_profile,
+    as_profile,
     model_config_from_args,
     parse_profile,
     profile_arg,
@@ -293,9 +294,7 @@ def _args_cost_profile(args: argparse.Namespace) -> GpuProfile | None:
     """``args.cost_profile`` as parsed (a name or file when set by hand); not given: the
     workers' profile."""
     value = getattr(args, "cost_profile", None)
-    if value is None:
-        return args_profile(args)
-    return cost_profile.resolve(value) if isinstance(value, str) else value
+    return args_profile(args) if value is None else as_profile(value)
 
 
 def fleet_bounds(trace: Sequence[TraceRequest], config: SimConfig) -> Bounds:

@@ -308,7 +308,12 @@ def _model_config(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
 
 def args_profile(args: argparse.Namespace) -> GpuProfile | None:
     """``args.gpu_profile`` as parsed (a name or file when set by hand; the default if none)."""
-    value = getattr(args, "gpu_profile", gpu_profile.DEFAULT_PROFILE)
+    return as_profile(getattr(args, "gpu_profile", gpu_profile.DEFAULT_PROFILE))
+
+
+def as_profile(value: str | GpuProfile | None) -> GpuProfile | None:
+    """A profile option's value as parsed (:func:`parse_profile`), or its text when set on a
+    namespace by hand."""
     return gpu_profile.resolve(value) if isinstance(value, str) else value
 
 
