@@ -93,6 +93,7 @@ def instructions(checkout: Path, requests: int, args: argparse.Namespace, worker
                 *workers,
                 "--log-level",
                 "warning",
+                *args.serve_args.split(),
             ],
             env=env,
             cwd=checkout,  # python -m puts the working directory first on sys.path
@@ -123,6 +124,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--port", type=int, default=19190)
     parser.add_argument("--worker-ports", type=int, nargs=2, default=[19031, 19032])
+    parser.add_argument(
+        "--serve-args",
+        default="",
+        help="more `serve` options, the same for every checkout (e.g. '--cost-profile flat', "
+        "to compare a checkout whose default differs)",
+    )
     args = parser.parse_args()
     workers = [f"http://127.0.0.1:{p}" for p in args.worker_ports]
     fakes = [

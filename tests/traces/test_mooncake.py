@@ -1,6 +1,5 @@
 import json
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,16 +46,6 @@ def test_conversation_trace_inferred_sessions(conversation: list[TraceRequest]) 
         else:  # a later turn shares at least two leading blocks with its session's past
             assert req.blocks[0] in keys and req.blocks[1] in keys
         keys.update(req.blocks)
-
-
-def test_loads_well_under_a_second(shared: Callable) -> None:
-    path = shared("conversation_trace.jsonl")
-    best = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        load_trace(path)
-        best = min(best, time.perf_counter() - start)
-    assert best < 1.0
 
 
 def test_synthetic_trace(shared: Callable) -> None:

@@ -152,21 +152,23 @@ def test_a_simulated_request_reaches_the_core_methods_serve_reaches() -> None:
 
 
 def spaced_trace() -> list[TraceRequest]:
-    """Four sessions, ten turns 3 s apart: each answered before the next is sent, so the
+    """Four sessions, ten turns 5 s apart: each answered before the next is sent, so the
     fleet is idle at every pick and only the caches (and the router's learning) decide."""
     out = []
     turns: dict[int, int] = {}
     for i, s in enumerate([0, 1, 2, 0, 3, 1, 2, 0, 3, 1]):
         turn = turns[s] = turns.get(s, -1) + 1
         blocks = tuple(1000 * (s + 1) + j for j in range(3 + turn))
-        out.append(TraceRequest(3.0 * i, f"s{s}", turn, 512 * len(blocks) - 100, 8, blocks))
+        out.append(TraceRequest(5.0 * i, f"s{s}", turn, 512 * len(blocks) - 100, 8, blocks))
     return out
 
 
 def test_serve_and_the_simulator_choose_the_same_worker_for_each_request() -> None:
-    """The same requests through ``serve`` in front of sim workers (10x real time, the
-    router's times scaled alike) and through the simulator: the same worker each time."""
-    scale = 10.0
+    """The same requests through ``serve`` in front of sim workers (5x real time, the
+    router's times scaled alike) and through the simulator: the same worker each time. At
+    10x, 0.3 s real apart, a loaded host's lag (ten times over, as modelled time) taught the
+    router's cost model a slower worker and a tie between idle workers went the other way."""
+    scale = 5.0
     trace = spaced_trace()
     with sim_workers(3, ["--time-scale", str(scale)]) as workers:
         urls = [w.url for w in workers]
