@@ -2,18 +2,15 @@
 
 The fault, fuzz and shutdown suites reuse tests/router's fixtures (fake workers, a router
 under uvicorn in a thread). Tests marked ``slow`` (the long fuzz volumes, the soak) run only
-with ``CACHE_ROUTER_SLOW=1``, which .ci/run sets; ``make test`` stays fast.
+with ``CACHE_ROUTER_SLOW=1`` (tests/conftest.py), which .ci/run sets.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
-
-import pytest
 
 ROUTER_TESTS = Path(__file__).resolve().parent.parent / "router"
 
@@ -32,15 +29,3 @@ def _router_conftest() -> ModuleType:
 
 fake_workers = _router_conftest().fake_workers  # fixtures, re-exported
 router_server = _router_conftest().router_server
-
-SLOW = os.environ.get("CACHE_ROUTER_SLOW") == "1"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``slow`` tests unless CACHE_ROUTER_SLOW=1 (the marker is declared in pyproject)."""
-    if SLOW:
-        return
-    skip = pytest.mark.skip(reason="slow suite: set CACHE_ROUTER_SLOW=1")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)

@@ -13,6 +13,7 @@ def bench(bench_module):
     return bench_module("models/model_fleet")
 
 
+@pytest.mark.slow  # a live mixed-model replay, ~50 s on 2 cores
 def test_a_mixed_fleet_routes_by_model_and_keeps_each_models_hit_rate(bench) -> None:
     args = argparse.Namespace(
         trace=bench.SAMPLE, requests=160, speedup=20.0, policy="ttft", workers_a=2,

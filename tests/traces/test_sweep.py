@@ -51,6 +51,7 @@ def test_live_sweep_agrees_with_the_simulator(tmp_path: Path):
     assert all(o.worker_hit_rate is not None for o in outcomes)
 
 
+@pytest.mark.slow  # a live replay under memory pressure, ~20 s on 2 cores
 def test_live_shadow_errors_match_the_simulator_under_memory_pressure(tmp_path: Path):
     """250 requests of multi-turn sessions on 4 workers whose 8k-token caches hold a few
     sessions each: the router's own ``cache_router_shadow_error_ratio{shadow}`` (blocks, radix,

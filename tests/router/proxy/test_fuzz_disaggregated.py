@@ -82,6 +82,9 @@ def fuzz_settings(share: float) -> settings:
     )
 
 
+pytestmark = pytest.mark.slow  # ~50 s of fuzzed P/D fleets on 2 cores: CACHE_ROUTER_SLOW=1
+
+
 @dataclass(frozen=True)
 class Case:
     behaviours: tuple[str, str, str, str]  # prefill 0, prefill 1, decode 0, decode 1

@@ -84,6 +84,7 @@ def settled(url: str, quiet_s: float = 0.3, timeout: float = 20.0) -> dict[str, 
     pytest.fail(f"KV event batches still arriving after {timeout} s")
 
 
+@pytest.mark.slow  # three live multi-turn replays, ~40 s each on 2 cores
 @pytest.mark.parametrize(
     ("direction", "flavor"),
     [("worker-binds", "vllm"), ("router-binds", "vllm"), ("worker-binds", "sglang")],
