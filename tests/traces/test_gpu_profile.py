@@ -331,3 +331,31 @@ def test_a_flat_model_flag_beside_a_profile_is_refused() -> None:
             model_config_from_args(args)
         flat = model_config_from_args(parser.parse_args([flag, "3", "--gpu-profile", "flat"]))
         assert flat.profile is None
+
+
+@pytest.mark.parametrize("command", ["simulate", "capacity"])
+def test_the_router_cost_profile_follows_the_workers_unless_given(command: str) -> None:
+    """``--cost-profile`` not given: the workers' ``--gpu-profile``; given, itself, ``flat``
+    included (parsed, ``flat`` is None: it once read as not given, so ``--cost-profile flat``
+    priced with the workers' H100 profile)."""
+    import argparse
+
+    from traces.commands import capacity
+    from traces.commands import simulate as simulate_command
+    from traces.commands.options import config_from_args
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    (simulate_command if command == "simulate" else capacity).add_parser(sub)
+    parser = sub.choices[command]
+    base = [*(["--slo", "ttft_p90=2"] if command == "capacity" else []), "--trace", "t.jsonl"]
+    h100 = gpu_profile.resolve("h100-llama8b")
+
+    def cost(*argv: str):
+        return config_from_args(parser.parse_args([*base, *argv])).cost_profile
+
+    assert cost() == h100
+    assert cost("--gpu-profile", "flat") is None
+    assert cost("--cost-profile", "flat") is None
+    assert cost("--gpu-profile", "flat", "--cost-profile", "h200-llama8b") == gpu_profile.resolve(
+        "h200-llama8b"
+    )

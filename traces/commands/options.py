@@ -203,7 +203,7 @@ def add_cost_profile_option(p: argparse.ArgumentParser) -> None:
     names = ", ".join(cost_profile.profile_names())
     p.add_argument(
         "--cost-profile",
-        type=parse_profile,
+        type=_profile_text,
         default=None,
         metavar="NAME|FILE",
         help="the GPU profile the router predicts TTFT with (router/cache/cost_model.py; the "
@@ -290,9 +290,16 @@ def cost_args(config: SimConfig) -> list[str]:
     return ["--cost-profile", profile_arg(config.cost_profile)]
 
 
+def _profile_text(text: str) -> str:
+    """``--cost-profile``'s value checked (:func:`parse_profile`) but kept as given: parsed,
+    ``flat`` is None, which :func:`_args_cost_profile` would read as not given."""
+    parse_profile(text)
+    return text
+
+
 def _args_cost_profile(args: argparse.Namespace) -> GpuProfile | None:
-    """``args.cost_profile`` as parsed (a name or file when set by hand); not given: the
-    workers' profile."""
+    """``args.cost_profile`` (a name or file, or a profile set on a namespace by hand); not
+    given: the workers' profile."""
     value = getattr(args, "cost_profile", None)
     return args_profile(args) if value is None else as_profile(value)
 
