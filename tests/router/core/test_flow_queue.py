@@ -250,6 +250,21 @@ def test_a_prompt_too_long_for_the_target_goes_once_a_worker_is_free():
     assert saturated(Prediction(ttft_s=5.1, own_s=5.0), 2.0)
 
 
+def test_a_long_prompt_goes_to_a_free_worker_though_another_would_prefill_it_faster():
+    """Issue 52: "its own prefill alone" is per worker. 3000 tokens at 1000/s: the first
+    worker holds 2000 of them but has 4000 queued (1 s alone, 5 s there), the second is free
+    and cold (3 s alone, past a 2 s target). The second starts it at once, so waiting cannot
+    help it; compared with the first worker's 1 s alone, it waited for that queue to empty
+    and held its whole band (and every lower one) behind it meanwhile."""
+    views = [View(pending_prefill_tokens=4000, hit=2000), View()]
+    p = predicted_ttft(features(3000), views, default_rate=1000.0, cost=PREFILL_ONLY)
+    assert p.ttft_s == pytest.approx(3.0) and p.own_s == pytest.approx(1.0)
+    assert p.wait_s == 0.0 and not saturated(p, 2.0)
+    views[1] = View(pending_prefill_tokens=100)  # no worker free: it waits
+    p = predicted_ttft(features(3000), views, default_rate=1000.0, cost=PREFILL_ONLY)
+    assert p.wait_s == pytest.approx(0.1) and saturated(p, 2.0)
+
+
 def test_kv_limit_saturates_when_every_worker_is_full():
     views = [View(held_tokens=900, kv_capacity_tokens=1000), View(held_tokens=100)]
     assert not predicted_ttft(features(200), views, 1000.0, kv_limit=1.0).kv_full
