@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-import traces.sim.simulator as simulator
+import router.core.flow as simulator
 from router.cache.worker_state import WorkerState
 from router.cli import main as cli_main
 
