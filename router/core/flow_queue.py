@@ -319,6 +319,15 @@ class FlowQueue:
 # ---- saturation -----------------------------------------------------------------------------
 
 
+KV_RESERVE = 0.4
+"""The share of each worker's KV that requests below the highest priority seen recently
+leave free for it (:meth:`router.core.flow.FlowAdmission.kv_limit_for`): a lower band is
+saturated once every worker's booked KV plus its prompt passes ``1 - KV_RESERVE`` of the
+capacity. Without it the lower band's long decodes filled the KV and a higher band's
+request waited for room at the worker, whatever its priority in the router (issue 52: on
+the conversation sample at 3x over 4 H100 workers, interactive TTFT p90 6.1 s, 2.5 s with
+it; ``--flow-kv-reserve``)."""
+
 CHUNK_TOKENS = 8192  # prefill tokens an engine step carries (vLLM's long-prefill chunk)
 DECODE_STEP_S = 0.008  # a decode step's fixed cost (measured: H100, 8B, 7.9 ms)
 DECODE_TOKEN_S = 4.3e-8  # ... and per context token in the batch (measured: 42.6 ns)
