@@ -417,6 +417,12 @@ class Settings(BaseSettings):
         description="flow control: also saturated when every worker's booked KV plus the "
         "prompt passes this fraction of its capacity (0: off)",
     )
+    flow_kv_reserve: Fraction = Field(
+        0.4,
+        description="flow control: the share of each worker's KV that requests below the "
+        "highest priority seen within the queue TTL leave free for it (such a request is "
+        "saturated once every worker's booked KV plus its prompt passes 1 - this share); 0: off",
+    )
     flow_decode_step_s: SecondsOrOff = Field(
         0.008,
         description="flow control: an engine step's decode cost, fixed part, which each step "

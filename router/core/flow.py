@@ -57,6 +57,7 @@ from router.core.flow_labels import FlowLabels, bounded_snapshot
 from router.core.flow_queue import (
     DEFAULT_FLOW,
     DISCONNECT,
+    KV_RESERVE,
     SHED,
     STEP_COST,
     TTL,
@@ -109,6 +110,7 @@ class FlowAdmission:
         target_s: float,
         kv_limit: float = 0.0,
         cost: StepCost = STEP_COST,
+        kv_reserve: float = KV_RESERVE,
     ) -> None:
         self.queue = queue
         self.views_for = views_for
@@ -116,29 +118,57 @@ class FlowAdmission:
         self.target_s = target_s
         self.kv_limit = kv_limit
         self.cost = cost
+        self.kv_reserve = kv_reserve
+        self.top_band: int | None = None  # the highest priority seen within the TTL ...
+        self.top_seen = 0.0  # ... last seen then
         self.last: Prediction | None = None  # the latest prediction, for the gauges
 
-    def predict(self, features: Any, now: float) -> Prediction | None:
-        """The best worker's predicted TTFT for ``features``; None: no worker can take it
-        (the pick answers why)."""
+    def predict(
+        self, features: Any, now: float, kv_limit: float | None = None
+    ) -> Prediction | None:
+        """The best worker's predicted TTFT for ``features`` (``kv_limit``: the fraction of
+        a worker's KV past which it is full, default the configured one); None: no worker
+        can take it (the pick answers why)."""
+        limit = self.kv_limit if kv_limit is None else kv_limit
         try:
             views = self.views_for(features.model)
-            prediction = predicted_ttft(features, views, self.rate, now, self.kv_limit, self.cost)
+            prediction = predicted_ttft(features, views, self.rate, now, limit, self.cost)
         except (NoHealthyWorker, ModelNotServed):
             return None
         self.last = prediction
         return prediction
 
-    def is_saturated(self, features: Any, now: float) -> bool:
-        prediction = self.predict(features, now)
+    def is_saturated(self, features: Any, now: float, band: int | None = None) -> bool:
+        limit = None if band is None else self.kv_limit_for(band, now)
+        prediction = self.predict(features, now, limit)
         return prediction is not None and saturated(prediction, self.target_s)
+
+    def _top(self, now: float) -> int | None:
+        """The highest priority seen within the queue's TTL (None: none)."""
+        if self.top_band is not None and now - self.top_seen > self.queue.limits.ttl_s:
+            self.top_band = None
+        return self.top_band
+
+    def kv_limit_for(self, band: int, now: float) -> float:
+        """The KV limit a request of priority ``band`` is admitted under: below the highest
+        priority seen within the TTL, its workers keep ``kv_reserve`` of their KV free for
+        it (:data:`~router.core.flow_queue.KV_RESERVE`), within ``kv_limit`` when that is
+        set; else ``kv_limit``."""
+        top = self._top(now)
+        if top is None or band >= top or not self.kv_reserve > 0.0:
+            return self.kv_limit
+        room = 1.0 - self.kv_reserve
+        return min(self.kv_limit, room) if self.kv_limit > 0.0 else room
 
     def decide(self, features: Any, band: int, now: float) -> str:
         """A request of priority ``band`` arrives: :data:`PLACE` (the fleet is not saturated
         for it and nothing of its band or higher waits; or no worker can take it, which the
         pick answers now), :data:`SHED` (saturated and sheddable, a negative band) or
         :data:`QUEUE` (it waits its turn; the queue's limits may still refuse it)."""
-        prediction = self.predict(features, now)
+        top = self._top(now)
+        if top is None or band >= top:
+            self.top_band, self.top_seen = band, now
+        prediction = self.predict(features, now, self.kv_limit_for(band, now))
         if prediction is None:
             return PLACE
         full = saturated(prediction, self.target_s)
@@ -152,7 +182,7 @@ class FlowAdmission:
         """The queue's head, taken out, when the fleet is not saturated for it (``features``:
         a queued request's features); None when the queue is empty or its head must wait."""
         head = self.queue.head()
-        if head is None or self.is_saturated(features(head), now):
+        if head is None or self.is_saturated(features(head), now, head.band):
             return None
         return self.queue.pop()
 
@@ -177,6 +207,7 @@ class FlowControl(FlowAdmission):
             settings.flow_target_ttft_s,
             settings.flow_kv_limit,
             StepCost(settings.flow_decode_step_s, settings.flow_decode_token_s),
+            settings.flow_kv_reserve,
         )
         self.pool = pool
         self.clock = clock

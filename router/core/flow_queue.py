@@ -319,6 +319,15 @@ class FlowQueue:
 # ---- saturation -----------------------------------------------------------------------------
 
 
+KV_RESERVE = 0.4
+"""The share of each worker's KV that requests below the highest priority seen recently
+leave free for it (:meth:`router.core.flow.FlowAdmission.kv_limit_for`): a lower band is
+saturated once every worker's booked KV plus its prompt passes ``1 - KV_RESERVE`` of the
+capacity. Without it the lower band's long decodes filled the KV and a higher band's
+request waited for room at the worker, whatever its priority in the router (issue 52: on
+the conversation sample at 3x over 4 H100 workers, interactive TTFT p90 6.1 s, 2.5 s with
+it; ``--flow-kv-reserve``)."""
+
 CHUNK_TOKENS = 8192  # prefill tokens an engine step carries (vLLM's long-prefill chunk)
 DECODE_STEP_S = 0.008  # a decode step's fixed cost (measured: H100, 8B, 7.9 ms)
 DECODE_TOKEN_S = 4.3e-8  # ... and per context token in the batch (measured: 42.6 ns)
@@ -352,11 +361,15 @@ FLAT_TERMS = STEP_COST.terms(DEFAULT_PREFILL_TOKENS_PER_S)
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """The best worker's predicted TTFT for a request, and its own prefill there alone."""
+    """The best worker's predicted TTFT for a request, its own prefill alone (the least over
+    the workers), and ``wait_s``: the least wait any worker's queue and KV room add to the
+    request's own prefill there (0: some worker would start it at once; None: read as
+    ``ttft_s - own_s``)."""
 
     ttft_s: float
     own_s: float
     kv_full: bool = False
+    wait_s: float | None = None
 
 
 def predicted_ttft(
@@ -388,15 +401,22 @@ def predicted_ttft(
     endpoint picker and the simulator) predicts a TTFT. ``own_s``: the least of the
     request's own prefill alone, with the decode it would carry, over the workers (a
     worker whose prefill queue is empty predicts exactly that; waiting for one with no
-    running sequence could last as long as they run). ``kv_limit`` > 0: a worker whose booked KV
-    plus the prompt passes that fraction of its capacity is full; ``kv_full`` when every
-    one is. A worker with nothing booked is never full: a prompt above the limit's share of
-    every worker's KV goes once some worker can take it alone (the worker answers it, as
-    it would without the router), instead of waiting out its TTL and its band behind it.
+    running sequence could last as long as they run). ``wait_s``: the least, over the
+    workers, of what its queue and the wait for KV room add to the request's own prefill
+    alone on that worker (0: some worker starts it at once). Per worker: the worker that
+    prefills it fastest (a cached prefix) may have a queue while another is free, and a
+    request too long for the target compared with the first one's alone waited for that
+    queue to empty, its band behind it (issue 52: interactive TTFT p90 11.9 s at 2x the
+    conversation sample on 4 H100 workers, 4.2 s read per worker). ``kv_limit`` > 0: a
+    worker whose booked KV plus the prompt passes that fraction of its capacity is full;
+    ``kv_full`` when every one is. A worker with nothing booked is never full: a prompt
+    above the limit's share of every worker's KV goes once some worker can take it alone
+    (the worker answers it, as it would without the router), instead of waiting out its
+    TTL and its band behind it.
     Raises :class:`~policies.base.NoHealthyWorker` when none is healthy."""
     hits, loads, _ = estimate_tier_hits(features, views)
     length = features.input_length
-    best = own = math.inf
+    best = own = wait = math.inf
     full = True
     for i, (view, hit) in enumerate(zip(views, hits, strict=True)):
         if hit == UNHEALTHY:
@@ -417,7 +437,10 @@ def predicted_ttft(
                 pending = view.pending_prefill_tokens
             alone = worker_ttft(0, uncached, terms, view)
             ttft = worker_ttft(pending, uncached, terms, view)
-        ttft += memory_wait(uncached, view, terms) + (loads[i] if loads else 0.0)
+        ttft += memory_wait(uncached, view, terms)
+        if ttft - alone < wait:
+            wait = ttft - alone
+        ttft += loads[i] if loads else 0.0
         if ttft < best:
             best = ttft
         if alone < own:
@@ -427,7 +450,7 @@ def predicted_ttft(
             held = view.held_tokens
             if not capacity or held <= 0 or held + uncached <= kv_limit * capacity:
                 full = False
-    return Prediction(best, own, kv_limit > 0 and full)
+    return Prediction(best, own, kv_limit > 0 and full, max(wait, 0.0))
 
 
 def worker_ttft(pending: float, uncached: float, terms: CostTerms, view: Any = None) -> float:
@@ -464,8 +487,11 @@ def memory_wait(uncached: float, view: Any, terms: CostTerms = FLAT_TERMS) -> fl
 
 def saturated(prediction: Prediction, target_s: float) -> bool:
     """Whether placing the request now would miss ``target_s`` because of the queues: its
-    predicted TTFT is past the target and past its own prefill alone (a prompt too long for
-    the target on an idle worker still goes once some worker's queue is empty), or every
-    worker's KV is full."""
+    predicted TTFT is past the target and every worker would make it wait before its own
+    prefill (``wait_s`` > 0: a prompt too long for the target still goes once some worker
+    can start it at once), or every worker's KV is full."""
     ttft = prediction.ttft_s
-    return prediction.kv_full or (ttft > target_s and ttft > prediction.own_s)
+    wait = prediction.wait_s
+    if wait is None:
+        wait = ttft - prediction.own_s
+    return prediction.kv_full or (ttft > target_s and wait > 0.0)

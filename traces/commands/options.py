@@ -121,6 +121,11 @@ def add_flow_options(p: argparse.ArgumentParser) -> None:
         help="queued requests per priority band (429 past it)",
     )  # fmt: skip
     g.add_argument(
+        "--flow-kv-reserve", type=field_rule("flow_kv_reserve"), default=d.flow_kv_reserve,
+        help="the share of each worker's KV that requests below the highest priority seen "
+        "leave free for it (0: off)",
+    )  # fmt: skip
+    g.add_argument(
         "--tenants", default=None,
         help="give sessions tenants in these proportions, e.g. 4:1 (then goodput per tenant)",
     )  # fmt: skip
@@ -279,6 +284,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         flow_target_ttft_s=getattr(args, "flow_target_ttft_s", defaults.flow_target_ttft_s),
         flow_queue_ttl_s=getattr(args, "flow_queue_ttl_s", defaults.flow_queue_ttl_s),
         flow_queue_max=getattr(args, "flow_queue_max", defaults.flow_queue_max),
+        flow_kv_reserve=getattr(args, "flow_kv_reserve", defaults.flow_kv_reserve),
         slo_ttft_s=getattr(args, "slo_ttft_s", defaults.slo_ttft_s),
         cost_profile=_args_cost_profile(args),
         **kv_transfer.from_args(args, defaults),

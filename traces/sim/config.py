@@ -10,7 +10,7 @@ from typing import Literal
 from router.cache.cost_model import CostTerms
 from router.cache.cost_profile import GpuProfile
 from router.cache.worker_state import ShadowKind
-from router.core.flow_queue import DECODE_STEP_S, DECODE_TOKEN_S
+from router.core.flow_queue import DECODE_STEP_S, DECODE_TOKEN_S, KV_RESERVE
 from traces.sim import gpu_profile, kv_transfer
 from traces.sim.worker_model import WorkerModelConfig
 from traces.trace.pacing import Pacing
@@ -63,6 +63,8 @@ class SimConfig:
     flow_target_ttft_s: float = 2.0
     flow_queue_max: int = 1000
     flow_queue_ttl_s: float = 30.0
+    # the KV that requests below the highest priority seen leave free for it (--flow-kv-reserve)
+    flow_kv_reserve: float = KV_RESERVE
     # the decode cost each engine step of queued prefill carries, as serve prices it
     # (--flow-decode-step-s, --flow-decode-token-s)
     flow_decode_step_s: float = DECODE_STEP_S

@@ -326,6 +326,7 @@ class Simulation:
             config.worker.prefill_tokens_per_s,
             config.flow_target_ttft_s,
             cost=StepCost(config.flow_decode_step_s, config.flow_decode_token_s),
+            kv_reserve=config.flow_kv_reserve,
         )
 
     def _make_clock(self) -> None:

@@ -12,6 +12,7 @@ from router.cache.cost_model import CostTerms, WorkerCost
 from router.cache.cost_profile import resolve
 from router.core.flow_queue import (
     DEFAULT_FLOW,
+    KV_RESERVE,
     PRIORITY_MAX,
     PRIORITY_MIN,
     QUEUE_BYTES,
@@ -248,6 +249,41 @@ def test_a_prompt_too_long_for_the_target_goes_once_a_worker_is_free():
     alone = Prediction(ttft_s=5.0, own_s=5.0)
     assert not saturated(alone, 2.0)
     assert saturated(Prediction(ttft_s=5.1, own_s=5.0), 2.0)
+
+
+def test_a_long_prompt_goes_to_a_free_worker_though_another_would_prefill_it_faster():
+    """Issue 52: "its own prefill alone" is per worker. 3000 tokens at 1000/s: the first
+    worker holds 2000 of them but has 4000 queued (1 s alone, 5 s there), the second is free
+    and cold (3 s alone, past a 2 s target). The second starts it at once, so waiting cannot
+    help it; compared with the first worker's 1 s alone, it waited for that queue to empty
+    and held its whole band (and every lower one) behind it meanwhile."""
+    views = [View(pending_prefill_tokens=4000, hit=2000), View()]
+    p = predicted_ttft(features(3000), views, default_rate=1000.0, cost=PREFILL_ONLY)
+    assert p.ttft_s == pytest.approx(3.0) and p.own_s == pytest.approx(1.0)
+    assert p.wait_s == 0.0 and not saturated(p, 2.0)
+    views[1] = View(pending_prefill_tokens=100)  # no worker free: it waits
+    p = predicted_ttft(features(3000), views, default_rate=1000.0, cost=PREFILL_ONLY)
+    assert p.wait_s == pytest.approx(0.1) and saturated(p, 2.0)
+
+
+def test_below_the_highest_priority_seen_a_request_leaves_kv_room_for_it():
+    """Issue 52: interactive requests waited for KV room at workers that the batch band's
+    long decodes had filled. While a higher priority has been seen within the TTL, a lower
+    band stops at 1 - KV_RESERVE of every worker's KV; the highest band does not."""
+    from router.core.flow import PLACE, QUEUE, SHED, FlowAdmission
+
+    views = [View(held_tokens=700, num_requests=1, kv_capacity_tokens=1000) for _ in range(2)]
+    flow = FlowAdmission(FlowQueue(Limits(ttl_s=30.0)), lambda model: views, 1000.0, 2.0)
+    assert flow.decide(features(100), 0, now=0.0) == PLACE  # the highest seen: no reserve
+    assert flow.decide(features(100), 1, now=1.0) == PLACE
+    assert flow.kv_limit_for(0, now=2.0) == pytest.approx(1.0 - KV_RESERVE)
+    assert flow.decide(features(100), 0, now=2.0) == QUEUE  # 800 of 1000 > 60% everywhere
+    assert flow.decide(features(100), -1, now=2.0) == SHED
+    assert flow.decide(features(100), 1, now=3.0) == PLACE
+    assert flow.decide(features(100), 0, now=40.0) == PLACE  # none past the TTL: no reserve
+    off = FlowAdmission(FlowQueue(), lambda model: views, 1000.0, 2.0, kv_reserve=0.0)
+    off.decide(features(100), 1, now=0.0)
+    assert off.decide(features(100), 0, now=1.0) == PLACE
 
 
 def test_kv_limit_saturates_when_every_worker_is_full():
