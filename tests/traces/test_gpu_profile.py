@@ -316,21 +316,29 @@ def test_the_fitter_reproduces_the_shipped_profiles(bench_module, tmp_path: Path
         assert shipped["measured"]["prefill"] == measured(data)["prefill"]
 
 
-def test_a_flat_model_flag_beside_a_profile_is_refused() -> None:
-    """A profile prices prefill, decode and loads itself: a flat-model flag given with one
-    (the default's included) would be ignored silently, so it is refused, naming the fix."""
+def test_a_flat_model_flag_means_flat_unless_a_profile_is_named() -> None:
+    """A profile prices prefill, decode and loads itself: a flat-model flag beside a named
+    one would be ignored silently, so it is refused, naming the fix; without
+    ``--gpu-profile`` the flag means the flat model (its flags keep their meaning: the
+    adversarial client's reproductions start sim workers with ``--prefill-tokens-per-s``)."""
     import argparse
 
     from traces.sim.worker_model import FLAT_FLAGS, add_model_options
 
     parser = argparse.ArgumentParser()
     add_model_options(parser, "kv")
+    assert model_config_from_args(parser.parse_args([])).profile == gpu_profile.resolve(
+        gpu_profile.DEFAULT_PROFILE
+    )
     for flag in FLAT_FLAGS.values():
-        args = parser.parse_args([flag, "3"])
+        named = parser.parse_args([flag, "3", "--gpu-profile", gpu_profile.DEFAULT_PROFILE])
         with pytest.raises(ValueError, match=f"{flag}.*--gpu-profile flat"):
-            model_config_from_args(args)
+            model_config_from_args(named)
+        assert model_config_from_args(parser.parse_args([flag, "3"])).profile is None
         flat = model_config_from_args(parser.parse_args([flag, "3", "--gpu-profile", "flat"]))
         assert flat.profile is None
+    config = model_config_from_args(parser.parse_args(["--prefill-tokens-per-s", "2000"]))
+    assert config.prefill_tokens_per_s == 2000
 
 
 @pytest.mark.parametrize("command", ["simulate", "capacity"])

@@ -245,13 +245,25 @@ def add_profile_option(p: argparse.ArgumentParser, whose: str = "") -> None:
     p.add_argument(
         "--gpu-profile",
         type=parse_profile,
+        action=_NamedProfile,
         default=gpu_profile.DEFAULT_PROFILE,
         metavar="NAME|FILE",
         help=f"{whose}price prefill chunks, decode steps and CPU-tier loads as measured on a GPU: "
         f"one of {names}, or a profile JSON file (bench/gpu/README.md); 'flat': the flat "
         "model of --prefill-tokens-per-s, --step-overhead-ms, --decode-ms-per-seq and "
-        "--kv-load-gbps, which a profile replaces",
+        "--kv-load-gbps, which a profile replaces (one of those flags without --gpu-profile "
+        "means flat)",
     )
+    p.set_defaults(gpu_profile_named=False)
+
+
+class _NamedProfile(argparse.Action):
+    """``--gpu-profile`` stored, and noted as named (``gpu_profile_named``): a flat-model
+    flag without it means the flat model, beside it is refused (:func:`args_profile`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.gpu_profile_named = True
 
 
 def parse_profile(text: str) -> GpuProfile | None:
@@ -273,23 +285,31 @@ FLAT_FLAGS = {
 
 
 def model_config_from_args(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
-    """The :class:`WorkerModelConfig` of :func:`add_model_options`' flags (and ``more``).
-    ValueError when a flat-model flag is set beside a GPU profile, which would ignore it."""
-    config = _model_config(args, **more)
-    if config.profile is not None:
-        defaults = WorkerModelConfig()
-        given = [
-            flag for f, flag in FLAT_FLAGS.items() if getattr(config, f) != getattr(defaults, f)
-        ]
-        if given:
-            raise ValueError(
-                f"{', '.join(given)} prices the flat model, which --gpu-profile "
-                f"{config.profile.source} replaces: give --gpu-profile flat with it"
-            )
-    return config
+    """The :class:`WorkerModelConfig` of :func:`add_model_options`' flags (and ``more``): a
+    flat-model flag without ``--gpu-profile`` means the flat model (the flags of the flat
+    model keep their meaning); ValueError when one is set beside a named GPU profile, which
+    would ignore it."""
+    profile = args_profile(args)
+    given = _flat_flags_given(args)
+    if profile is not None and given:
+        raise ValueError(
+            f"{', '.join(given)} prices the flat model, which --gpu-profile "
+            f"{profile.source} replaces: give --gpu-profile flat with it, or neither"
+        )
+    return _model_config(args, profile, **more)
 
 
-def _model_config(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
+def _flat_flags_given(args: argparse.Namespace) -> list[str]:
+    """The flat model's flags set to other than their defaults."""
+    if not hasattr(args, "prefill_tokens_per_s"):
+        return []
+    config, defaults = _model_config(args, None), WorkerModelConfig(profile=None)
+    return [flag for f, flag in FLAT_FLAGS.items() if getattr(config, f) != getattr(defaults, f)]
+
+
+def _model_config(
+    args: argparse.Namespace, profile: GpuProfile | None, **more: Any
+) -> WorkerModelConfig:
     return WorkerModelConfig(
         kv_capacity_tokens=args.kv_capacity_tokens,
         chunk_tokens=args.chunk_tokens,
@@ -301,13 +321,16 @@ def _model_config(args: argparse.Namespace, **more: Any) -> WorkerModelConfig:
         cpu_kv_capacity_tokens=args.cpu_kv_capacity_tokens,
         kv_load_gbps=args.kv_load_gbps,
         kv_bytes_per_token=getattr(args, "kv_bytes_per_token", kv_transfer.BYTES_PER_TOKEN),
-        profile=args_profile(args),
+        profile=profile,
         **more,
     )
 
 
 def args_profile(args: argparse.Namespace) -> GpuProfile | None:
-    """``args.gpu_profile`` as parsed (a name or file when set by hand; the default if none)."""
+    """``args.gpu_profile`` as parsed (a name or file when set by hand; the default if none);
+    None (flat) when it was not named and a flat-model flag was given."""
+    if not getattr(args, "gpu_profile_named", True) and _flat_flags_given(args):
+        return None
     return as_profile(getattr(args, "gpu_profile", gpu_profile.DEFAULT_PROFILE))
 
 
