@@ -659,29 +659,21 @@ def truth_metrics(workers: list) -> Iterator[Metric]:
     """
     import time
 
-    queries = CounterMetricFamily(
-        PREFIX + "worker_prefix_cache_queries",
-        "Worker's prefix cache queries (tokens)",
-        labels=["worker"],
+    queries = _counter(
+        "worker_prefix_cache_queries", "Worker's prefix cache queries (tokens)", ["worker"]
     )
-    hits = CounterMetricFamily(
-        PREFIX + "worker_prefix_cache_hits",
-        "Worker's prefix cache hits (tokens)",
-        labels=["worker"],
-    )
-    failures = CounterMetricFamily(
-        PREFIX + "worker_metrics_scrape_failures", "Failed /metrics scrapes", labels=["worker"]
-    )
+    hits = _counter("worker_prefix_cache_hits", "Worker's prefix cache hits (tokens)", ["worker"])
+    failures = _counter("worker_metrics_scrape_failures", "Failed /metrics scrapes", ["worker"])
     hit_rate = _gauge("worker_prefix_cache_hit_rate", "Worker's own prefix cache hit rate")
     running = _gauge("worker_requests_running", "Requests the worker reports running")
     waiting = _gauge("worker_requests_waiting", "Requests the worker reports waiting")
     usage = _gauge("worker_kv_cache_usage_ratio", "Worker's KV cache usage (0..1)")
     capacity = _gauge("worker_kv_capacity_tokens", "Worker's KV capacity (block_size x blocks)")
     age = _gauge("worker_metrics_age_seconds", "Seconds since the last successful scrape")
-    scored = CounterMetricFamily(
-        PREFIX + "shadow_scored_prompt_tokens",
+    scored = _counter(
+        "shadow_scored_prompt_tokens",
         "Prompt tokens of the requests a shadow was scored on",
-        labels=["worker", "shadow"],
+        ["worker", "shadow"],
     )
     ratio = _gauge(
         "shadow_error_ratio",
@@ -690,9 +682,7 @@ def truth_metrics(workers: list) -> Iterator[Metric]:
     )
     synced = _gauge("worker_kv_events_synced", "1 while the KV-event index is in sync")
     kv_blocks = _gauge("worker_kv_events_blocks", "Blocks in the KV-event index")
-    kv_total = CounterMetricFamily(
-        PREFIX + "kv_events", "KV event processing by kind", labels=["worker", "kind"]
-    )
+    kv_total = _counter("kv_events", "KV event processing by kind", ["worker", "kind"])
     errors = {"blocks": 0, "radix": 0, "kv_events": 0, "cpu_tier": 0, "gpu_tier": 0}
     prompts = dict.fromkeys(errors, 0)
     now = time.monotonic()
