@@ -58,7 +58,8 @@ def ceilings(
     time starting on a 5 s grid (the whole span when ``window`` covers it)."""
     cumulative = np.concatenate(([0.0], np.cumsum(work)))
     span = arrivals[-1] - arrivals[0]
-    starts = [arrivals[0]] if window >= span else np.arange(arrivals[0], span - window + 5, 5)
+    last = arrivals[-1] - window + 5  # the last start whose window still ends in the trace
+    starts = [arrivals[0]] if window >= span else np.arange(arrivals[0], last, 5)
     best = (float("inf"), 0.0)
     for t0 in starts:
         i0 = bisect_left(arrivals, t0)

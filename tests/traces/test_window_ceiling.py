@@ -20,6 +20,9 @@ def test_the_busiest_window_sets_the_ceiling(bench) -> None:
     assert bench.ceilings(arrivals, work, 2, 5.0) == (pytest.approx(1.25), 10.0)
     # the whole span (11 s) against all the work
     assert bench.ceilings(arrivals, work, 2, 1e9) == (pytest.approx(2.2), 0.0)
+    # a trace that starts later: the same windows, shifted (the grid runs to its last arrival)
+    later = [t + 100.0 for t in arrivals]
+    assert bench.ceilings(later, work, 2, 5.0) == (pytest.approx(1.25), 110.0)
 
 
 def test_work_counts_the_prefix_an_earlier_prompt_shared(bench) -> None:
