@@ -19,25 +19,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
-import router.core.flow as simulator
+import router.core.flow as flow
 import traces.sim.simulator as sim
-from router.cache.worker_state import WorkerState
 from router.cli import main as cli_main
+from router.fleet.placement import Placement
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     predicted: dict[int, tuple[float, float]] = {}  # id(features) -> (now, prediction)
     dispatched: list[tuple[object, float, float]] = []  # (booking, now, prediction)
-    predict, book = simulator.predicted_ttft, WorkerState.book
+    predict, book = flow.predicted_ttft, Placement.book
 
     def recording_predict(features, views, default_rate, now=None, *args, **kwargs):
         prediction = predict(features, views, default_rate, now, *args, **kwargs)
         predicted[id(features)] = (now, prediction.ttft_s)
         return prediction
 
-    def recording_book(self, request, *args, now=None, **kwargs):
-        booking = book(self, request, *args, now=now, **kwargs)
+    def recording_book(state, request, *args, now=None, **kwargs):
+        booking = book(state, request, *args, now=now, **kwargs)
         seen = predicted.pop(id(request), None)
         if seen is not None and seen[0] == now:
             dispatched.append((booking, now, seen[1]))
@@ -54,13 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs.append((self, {}))
         return run(self)
 
-    simulator.predicted_ttft = recording_predict
-    WorkerState.book = recording_book
+    flow.predicted_ttft = recording_predict
+    Placement.book = staticmethod(recording_book)
     sim.Simulation._place, sim.Simulation.run = recording_place, recording_run
     try:
         code = cli_main(["simulate", *argv])
     finally:
-        simulator.predicted_ttft, WorkerState.book = predict, book
+        flow.predicted_ttft, Placement.book = predict, staticmethod(book)
         sim.Simulation._place, sim.Simulation.run = place, run
     pairs = [
         (b.first_token_at - now, p)
