@@ -33,7 +33,7 @@ from bisect import bisect_left
 import numpy as np
 
 from traces.sim.bounds import hit_tokens, infinite_cache_hits, shared_step_seconds
-from traces.sim.worker_model import WorkerModelConfig, parse_profile
+from traces.sim.worker_model import WorkerModelConfig, add_profile_option
 from traces.trace.formats import load_trace
 
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", required=True)
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8, 16])
-    parser.add_argument("--gpu-profile", type=parse_profile, default="h100-llama8b")
+    add_profile_option(parser)
     parser.add_argument("--windows", type=float, nargs="+", default=[50, 100, 200, 400, 1e9])
     args = parser.parse_args(argv)
     trace = load_trace(args.trace)
