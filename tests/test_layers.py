@@ -28,6 +28,43 @@ def test_package_at_most_six_layers_deep(package: str) -> None:
     assert depth <= MAX_LAYERS, " -> ".join(path)
 
 
+@pytest.mark.parametrize("package", ["router", "traces", "policies"])
+def test_every_package_at_most_six_layers_deep_over_its_children(package: str) -> None:
+    """Read as import-linter reads a container: each package and subpackage over its own
+    direct children (router/ flat over its 77 modules is deeper: its subpackages stack)."""
+    layers = _layers()
+    for name, graph in layers.nested(layers.graph(package)).items():
+        depth, path, cycles = layers.depth(graph)
+        assert not cycles, name
+        assert depth <= MAX_LAYERS, f"{name}: " + " -> ".join(path)
+
+
+def test_nested_squashes_each_subpackage_into_one_node(tmp_path: Path) -> None:
+    layers = _layers()
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from pkg.sub import b\n")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from pkg.sub import c\n")
+    (pkg / "sub" / "c.py").write_text("from pkg import d\n")
+    (pkg / "d.py").write_text("")
+    graphs = layers.nested(layers.graph("pkg", root=tmp_path))
+    assert graphs["pkg"] == {
+        "pkg.a": {"pkg.sub"},
+        "pkg.sub": {"pkg.d"},
+        "pkg.d": set(),
+        "pkg": set(),
+    }
+    assert graphs["pkg.sub"] == {
+        "pkg.sub": {"pkg.sub.b"},
+        "pkg.sub.b": {"pkg.sub.c"},
+        "pkg.sub.c": set(),
+    }
+    assert layers.depth(graphs["pkg"])[0] == 3
+    assert layers.depth(layers.graph("pkg", root=tmp_path))[0] == 4  # flat: a -> b -> c -> d
+
+
 def test_layers_counts_the_longest_import_path(tmp_path: Path) -> None:
     layers = _layers()
     pkg = tmp_path / "pkg"

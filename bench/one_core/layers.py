@@ -1,6 +1,6 @@
 """How many layers deep each top-level package is in its own import graph (issue 51).
 
-    python bench/one_core/layers.py [PACKAGE ...] [--max N] [--module-level] [--path]
+    python bench/one_core/layers.py [PACKAGE ...] [--max N] [--module-level] [--path] [--nested]
 
 A package's graph: one node per module of the package (its ``__init__`` included), one edge
 per import of another module of the same package. Every import statement counts, as
@@ -11,6 +11,11 @@ Python walks at import time. ``from a.b import c`` is an edge to ``a.b.c`` when 
 module, else to ``a.b``. The depth is the number of modules on the longest import path (a
 module that imports nothing of its package is layer 1); a cycle is reported and counted as
 one node. Exit status 1 when a package is deeper than ``--max`` (default 6).
+
+``--nested`` reads each package as import-linter's layers contracts read a container: the
+package and every subpackage in it, each over its own direct children (a child subpackage is
+one node holding all its modules; the package's ``__init__`` is a node of its own), so a
+subpackage's internal depth is counted in its own graph, not its parent's.
 """
 
 from __future__ import annotations
@@ -93,6 +98,37 @@ def graph(package: str, module_level: bool = False, root: Path = ROOT) -> dict[s
     return edges
 
 
+def nested(edges: dict[str, set[str]]) -> dict[str, dict[str, set[str]]]:
+    """Every package in ``edges`` (the top-level one and each subpackage) -> the graph over
+    its direct children: an edge where a module under one child imports one under another."""
+    packages = {name.rpartition(".")[0] for name in edges if "." in name}
+    packages |= {name for name in edges if any(m.startswith(name + ".") for m in edges)}
+    graphs: dict[str, dict[str, set[str]]] = {}
+    for package in sorted(packages):
+        prefix = package + "."
+
+        def child(name: str, package: str = package, prefix: str = prefix) -> str | None:
+            if name == package:
+                return package  # its __init__
+            if not name.startswith(prefix):
+                return None
+            return prefix + name[len(prefix) :].split(".")[0]
+
+        graph: dict[str, set[str]] = {}
+        for name, targets in edges.items():
+            source = child(name)
+            if source is None:
+                continue
+            graph.setdefault(source, set())
+            for target in targets:
+                dest = child(target)
+                if dest is not None and dest != source:
+                    graph[source].add(dest)
+                    graph.setdefault(dest, set())
+        graphs[package] = graph
+    return graphs
+
+
 def depth(edges: dict[str, set[str]]) -> tuple[int, list[str], list[list[str]]]:
     """(layers on the longest path, that path top first, the cycles found)."""
     memo: dict[str, tuple[int, list[str]]] = {}
@@ -125,16 +161,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max", type=int, default=6, help="most layers allowed")
     parser.add_argument("--module-level", action="store_true", help="only imports run at load")
     parser.add_argument("--path", action="store_true", help="print each longest path")
+    parser.add_argument(
+        "--nested", action="store_true", help="each package and subpackage over its children"
+    )
     args = parser.parse_args(argv)
     worst = 0
     for package in args.packages:
-        layers, path, cycles = depth(graph(package, args.module_level))
-        worst = max(worst, layers)
-        print(f"{package}: {layers} layers ({len(graph(package))} modules)")
-        if args.path:
-            print("   " + " -> ".join(path))
-        for cycle in cycles:
-            print("   cycle: " + " -> ".join(cycle))
+        edges = graph(package, args.module_level)
+        graphs = nested(edges) if args.nested else {package: edges}
+        for name, sub in graphs.items():
+            layers, path, cycles = depth(sub)
+            worst = max(worst, layers)
+            print(f"{name}: {layers} layers ({len(sub)} {'nodes' if args.nested else 'modules'})")
+            if args.path:
+                print("   " + " -> ".join(path))
+            for cycle in cycles:
+                print("   cycle: " + " -> ".join(cycle))
     return 1 if worst > args.max else 0
 
 
