@@ -1,12 +1,15 @@
 """LoRA affinity: adapter swaps and hit rate per picker, with fewer slots than adapters.
 
-    python bench/models/lora_affinity.py [--workers 4] [--max-loras 2] [--adapters 8 16] [--live]
+    python bench/models/lora_affinity.py [--workers 4] [--max-loras 2] [--adapters 8 16] [--live] \
+        [--gpu-profile h100-llama8b|flat|FILE]
 
 Each trace's sessions are given one adapter each (``lora-0 .. lora-{N-1}``, by a hash of the
 session id: :mod:`traces.trace.assign`), so every request runs an adapter. The offline simulator
 (:mod:`traces.sim.simulator`: worker models with ``--max-loras`` slots, ``lora_load_s`` per
 load) replays each trace at each load (``--speedups``) through each picker on a fresh fleet;
-the workers' loads (swaps) and their true hit rate are reported. ``--live`` also replays the
+the workers' loads (swaps) and their true hit rate are reported; workers and the router's cost
+model priced with ``--gpu-profile`` (the worker model's default; ``flat``: the flat model; the
+offline runs only). ``--live`` also replays the
 bundled samples (``--live-traces``) through ``cache-router serve`` in front of sim workers
 (``sim-worker --lora ... --max-loras N``), swaps read from the workers'
 ``sim:lora_swaps_total``, TTFT in the workers' model seconds (wall times ``--time-scale``).
@@ -31,7 +34,7 @@ from traces.commands.options import make_sim_picker  # noqa: E402
 from traces.live.fleet import router, scrape, sim_workers  # noqa: E402
 from traces.live.replay import ReplayConfig, replay  # noqa: E402
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
-from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig, add_profile_option  # noqa: E402
 from traces.trace.assign import assign_models  # noqa: E402
 from traces.trace.formats import load_trace  # noqa: E402
 from traces.trace.record import TraceRequest  # noqa: E402
@@ -59,8 +62,11 @@ def offline(args: argparse.Namespace) -> list[dict]:
         for adapters in args.adapters:
             trace = with_adapters(base, adapters)
             for speedup in args.speedups:
-                worker = WorkerModelConfig(max_loras=args.max_loras)
-                config = SimConfig(workers=args.workers, worker=worker, speedup=speedup)
+                profile = args.gpu_profile
+                worker = WorkerModelConfig(max_loras=args.max_loras, profile=profile)
+                config = SimConfig(
+                    workers=args.workers, worker=worker, speedup=speedup, cost_profile=profile
+                )
                 for policy in POLICIES:
                     s = simulate(trace, make_sim_picker(policy), config).summary()
                     rows.append(
@@ -176,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--live-adapters", type=int, nargs="+", default=[8])
     p.add_argument("--time-scale", type=float, default=10.0, help="sim workers' clock (live)")
+    add_profile_option(p)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lora_affinity.json")
     args = p.parse_args(argv)
     rows = offline(args)
@@ -184,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = verdicts(rows)
     for v in summary:
         print(_line(v))
-    config = {k: v for k, v in vars(args).items() if k != "out"}
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "gpu_profile_named")}
+    config["gpu_profile"] = "flat" if args.gpu_profile is None else args.gpu_profile.name
     args.out.write_text(json.dumps({"config": config, "rows": rows, "verdicts": summary}, indent=1))
     return 0
 

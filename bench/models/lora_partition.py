@@ -1,6 +1,7 @@
 """What partitioning LoRA adapters over workers buys (swaps) and costs (TTFT), offline.
 
-    python bench/models/lora_partition.py [--traces ...] [--adapters 8 16] [--lora-load-ms 50 500]
+    python bench/models/lora_partition.py [--traces ...] [--adapters 8 16] [--lora-load-ms 50 500] \
+        [--gpu-profile h100-llama8b|flat|FILE]
 
 Issue 28's LoRA bar asks the default picker for at most half of round-robin's adapter
 swaps. Swaps fall only where each worker keeps to a few adapters, so this bench measures
@@ -12,7 +13,9 @@ the session to ttft. Either way a session's later turns are ttft's (its affinity
 they leave a worker whose cost is beyond it). Same simulator, traces and loads as
 bench/models/lora_affinity.py, and each at two adapter load costs: the sim worker's 50 ms (host
 memory to a GPU slot) and 500 ms (a load from disk, vLLM's case when adapters outnumber
-``--max-cpu-loras``), the picker told the same cost. Writes bench/results/lora_partition.json.
+``--max-cpu-loras``), the picker told the same cost. Workers and the router's cost model are
+priced with ``--gpu-profile`` (the worker model's default; ``flat``: the flat model). Writes
+bench/results/lora_partition.json.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from policies.hits import UNHEALTHY, estimate_hits  # noqa: E402
 from policies.registry import make_picker  # noqa: E402
 from policies.ttft import TTFTPicker  # noqa: E402
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
-from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig, add_profile_option  # noqa: E402
 from traces.trace.formats import load_trace  # noqa: E402
 
 
@@ -85,22 +88,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--speedups", type=float, nargs="+", default=[0.25, 0.5, 1.0])
     p.add_argument("--margins", type=float, nargs="+", default=[0.5, 1.0])
     p.add_argument("--lora-load-ms", type=float, nargs="+", default=[50.0, 500.0])
+    p.add_argument("--requests", type=int, default=None, help="first N requests of each trace")
+    add_profile_option(p)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lora_partition.json")
     args = p.parse_args(argv)
+    profile = args.gpu_profile
     rows = []
     for name in args.traces:
         path = TRACES[name]
         if not path.exists():
             print(f"skipping {name}: {path} not found", file=sys.stderr)
             continue
-        base = load_trace(str(path))
+        base = load_trace(str(path))[: args.requests]
         for load_ms in args.lora_load_ms:
             load_s = load_ms / 1000
-            worker = WorkerModelConfig(max_loras=args.max_loras, lora_load_s=load_s)
+            worker = WorkerModelConfig(
+                max_loras=args.max_loras, lora_load_s=load_s, profile=profile
+            )
             for adapters in args.adapters:
                 trace = with_adapters(base, adapters)
                 for speedup in args.speedups:
-                    config = SimConfig(workers=args.workers, worker=worker, speedup=speedup)
+                    config = SimConfig(
+                        workers=args.workers, worker=worker, speedup=speedup, cost_profile=profile
+                    )
                     cell = {
                         policy: simulate(trace, make(), config, policy).summary()
                         for policy, make in pickers(args.margins, load_s).items()
@@ -130,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f"{r['ttft_p90']:.1f} s ({r['p90_over_ttft']:.2f}x ttft)",
                             flush=True,
                         )
-    config = {k: v for k, v in vars(args).items() if k != "out"}
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "gpu_profile_named")}
+    config["gpu_profile"] = "flat" if profile is None else profile.name
     args.out.write_text(json.dumps({"config": config, "rows": rows}, indent=1) + "\n")
     return 0
 

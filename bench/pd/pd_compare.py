@@ -1,6 +1,7 @@
 """Aggregated against disaggregated prefill/decode fleets of the same size, offline.
 
-    nice -n 10 .venv/bin/python bench/pd/pd_compare.py [--requests N] [--kv-capacity-tokens T]
+    nice -n 10 .venv/bin/python bench/pd/pd_compare.py [--requests N] [--kv-capacity-tokens T] \
+        [--gpu-profile h100-llama8b|flat|FILE] [--out F.json] [--md F.md]
 
 For each bundled trace (traces/data: the Mooncake conversation sample, 2,000 requests, and
 the Weka agentic-coding sample, 240 requests in 45 sessions), each fleet size N (4 and 8) and
@@ -15,7 +16,8 @@ conversation sample at 0.5x and 1x for N=4 (where 4 aggregated round-robin worke
 is about 4 s and 21 s), the Weka sample at 0.25x and 0.5x. Every worker has
 ``--kv-capacity-tokens`` of KV cache, 1M by default as ``cache-router demo`` (a GPU plus a
 CPU tier; the Weka sample's prompts average 52k tokens); the bar figures are also given at
-the worker model's default of 262,144 tokens.
+the worker model's default of 262,144 tokens. Workers (both roles) and the router's cost model
+are priced with ``--gpu-profile`` (the worker model's default; ``flat``: the flat model).
 
 The bar: conversation sample, 2 prefill + 2 decode workers: the default picker's prefill hit
 rate over round_robin's (target >= 1.5x) and the decode workers' max/mean requests (target
@@ -36,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from traces.commands.options import make_sim_picker  # noqa: E402
+from traces.sim.gpu_profile import GpuProfile  # noqa: E402
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
-from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig, add_profile_option  # noqa: E402
 from traces.trace.formats import load_trace  # noqa: E402
 
 DATA = ROOT / "traces" / "data"
@@ -70,9 +73,9 @@ def run_one(trace: Sequence, config: SimConfig, policy: str) -> dict:
     return {k: round(float(s[k]), 5) for k in KEYS if k in s}
 
 
-def rows_for(name: str, trace: Sequence, kv: int) -> list[dict]:
+def rows_for(name: str, trace: Sequence, kv: int, profile: GpuProfile | None) -> list[dict]:
     rows = []
-    worker = WorkerModelConfig(kv_capacity_tokens=kv)
+    worker = WorkerModelConfig(kv_capacity_tokens=kv, profile=profile)
     for n in SIZES:
         for level, base in zip(("low", "high"), LOADS[name], strict=True):
             speedup = base * n / 4
@@ -83,6 +86,7 @@ def rows_for(name: str, trace: Sequence, kv: int) -> list[dict]:
                     speedup=speedup,
                     prefill_workers=prefill,
                     decode_workers=decode,
+                    cost_profile=profile,
                 )
                 for policy in POLICIES:
                     row = {
@@ -102,7 +106,9 @@ def rows_for(name: str, trace: Sequence, kv: int) -> list[dict]:
     return rows
 
 
-def bar(rows: list[dict], trace: Sequence, kv_default: int) -> list[dict]:
+def bar(
+    rows: list[dict], trace: Sequence, kv_default: int, profile: GpuProfile | None
+) -> list[dict]:
     """The bar figures from ``rows``, and again at the worker model's default KV capacity."""
     out = []
     prefill, decode = BAR_FLEET
@@ -120,7 +126,8 @@ def bar(rows: list[dict], trace: Sequence, kv_default: int) -> list[dict]:
                 speedup=base,
                 prefill_workers=prefill,
                 decode_workers=decode,
-                worker=replace(WorkerModelConfig(), kv_capacity_tokens=kv_default),
+                worker=replace(WorkerModelConfig(profile=profile), kv_capacity_tokens=kv_default),
+                cost_profile=profile,
             )
             figures.append(("default KV", {p: run_one(trace, config, p) for p in POLICIES}))
         for kv_label, got in figures:
@@ -197,15 +204,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=None, help="first N requests of each trace")
     p.add_argument("--kv-capacity-tokens", type=int, default=1_000_000, help="per worker")
+    add_profile_option(p)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "pd_compare.json")
     p.add_argument("--md", type=Path, default=ROOT / "bench" / "results" / "pd_compare.md")
     args = p.parse_args(argv)
+    profile = args.gpu_profile
+    profile_name = "flat" if profile is None else profile.name
     started = time.perf_counter()
     rows: list[dict] = []
     bar_trace = None
     for name, path in TRACES.items():
         trace = load_trace(str(path))[: args.requests]
-        rows += rows_for(name, trace, args.kv_capacity_tokens)
+        rows += rows_for(name, trace, args.kv_capacity_tokens, profile)
         if name == BAR_TRACE:
             bar_trace = trace
     default_kv = WorkerModelConfig().kv_capacity_tokens
@@ -213,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": {
             "requests": args.requests,
             "kv_capacity_tokens": args.kv_capacity_tokens,
+            "gpu_profile": profile_name,
             "loads_at_4_workers": LOADS,
             "policies": POLICIES,
             "decode_policy": SimConfig().decode_policy,
@@ -221,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kv_bytes_per_token": SimConfig().kv_bytes_per_token,
         },
         "rows": rows,
-        "bar": bar(rows, bar_trace, default_kv),
+        "bar": bar(rows, bar_trace, default_kv, profile),
     }
     doc["wall_seconds"] = round(time.perf_counter() - started, 1)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -229,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.md.write_text(
         "# Aggregated vs disaggregated prefill/decode (offline simulator)\n\n"
         "`nice -n 10 .venv/bin/python bench/pd/pd_compare.py`; see its docstring for the setup. "
-        f"KV {args.kv_capacity_tokens:,} tokens per worker; {doc['wall_seconds']} s.\n\n"
+        f"KV {args.kv_capacity_tokens:,} tokens per worker; GPU profile {profile_name} "
+        f"(workers and the router's cost model); {doc['wall_seconds']} s.\n\n"
         f"{table}\n"
     )
     print(table)

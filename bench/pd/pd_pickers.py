@@ -1,16 +1,20 @@
 """Which pickers a disaggregated fleet should default to, offline: each role's candidates.
 
-    nice -n 10 .venv/bin/python bench/pd/pd_pickers.py
+    nice -n 10 .venv/bin/python bench/pd/pd_pickers.py [--gpu-profile h100-llama8b|flat|FILE] \
+        [--out bench/results/pd_pickers.json] [--md bench/results/pd_pickers.md]
 
 On both bundled traces, at the loads and KV capacity of bench/pd/pd_compare.py, three
 disaggregated fleets (2P+2D and 3P+1D of 4 workers, 4P+4D of 8): the prefill picker among
 ``ttft`` (the default), ``unified``, ``lmetric`` and ``round_robin`` with the default decode
 picker, then the decode picker among ``decode_load`` (the default), ``load_only`` and
-``round_robin`` with the default prefill picker. Writes bench/results/pd_pickers.json and .md.
+``round_robin`` with the default prefill picker. Workers and the router's cost model are priced
+with ``--gpu-profile`` (the worker model's default; ``flat``: the flat model). Writes
+bench/results/pd_pickers.json and .md.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -23,7 +27,7 @@ from pd_compare import KEYS, LOADS, ROOT, TRACES
 from traces.commands.options import make_sim_picker
 from traces.sim.config import SimConfig
 from traces.sim.simulator import simulate
-from traces.sim.worker_model import WorkerModelConfig
+from traces.sim.worker_model import WorkerModelConfig, add_profile_option
 from traces.trace.formats import load_trace
 
 KV = 1_000_000
@@ -32,7 +36,15 @@ PREFILL = ("ttft", "unified", "lmetric", "round_robin")
 DECODE = ("decode_load", "load_only", "round_robin")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_profile_option(p)
+    results = ROOT / "bench" / "results"
+    p.add_argument("--out", type=Path, default=results / "pd_pickers.json")
+    p.add_argument("--md", type=Path, default=results / "pd_pickers.md")
+    args = p.parse_args(argv)
+    profile = args.gpu_profile
+    profile_name = "flat" if profile is None else profile.name
     started = time.perf_counter()
     rows = []
     for name, path in TRACES.items():
@@ -44,7 +56,8 @@ def main() -> int:
                 runs += [("ttft", d) for d in DECODE if d != "decode_load"]
                 for policy, decode_policy in runs:
                     config = SimConfig(
-                        worker=WorkerModelConfig(kv_capacity_tokens=KV),
+                        worker=WorkerModelConfig(kv_capacity_tokens=KV, profile=profile),
+                        cost_profile=profile,
                         speedup=base * n / 4,
                         prefill_workers=prefill,
                         decode_workers=decode,
@@ -66,12 +79,13 @@ def main() -> int:
         for r in rows
     ]
     wall = round(time.perf_counter() - started, 1)
-    results = ROOT / "bench" / "results"
-    (results / "pd_pickers.json").write_text(json.dumps({"kv": KV, "rows": rows}, indent=1))
+    doc = {"kv": KV, "gpu_profile": profile_name, "rows": rows}
+    args.out.write_text(json.dumps(doc, indent=1))
     text = "\n".join([head, *lines])
-    (results / "pd_pickers.md").write_text(
+    args.md.write_text(
         "# Pickers of a disaggregated fleet, each role (offline simulator)\n\n"
-        f"`nice -n 10 .venv/bin/python bench/pd/pd_pickers.py`; KV {KV:,} per worker; {wall} s.\n\n"
+        f"`nice -n 10 .venv/bin/python bench/pd/pd_pickers.py`; KV {KV:,} per worker; GPU profile "
+        f"{profile_name} (workers and the router's cost model); {wall} s.\n\n"
         f"{text}\n"
     )
     print(text)

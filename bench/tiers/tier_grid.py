@@ -1,11 +1,14 @@
 """Tiered KV caches offline: the tier-aware default against the tier-blind one, the peers'
 fixed-credit rule and a router that reads every tier exactly, on the same tiered workers.
 
-    python bench/tiers/tier_grid.py [--jobs 2] [--quick] \
+    python bench/tiers/tier_grid.py [--jobs 2] [--quick] [--gpu-profile h100-llama8b|flat|FILE] \
         [--out bench/results/tier_grid.json] [--md out/tier_grid.md]
 
 Every worker has a CPU tier of ``--cpu-x`` (4) times its GPU KV (262,144 tokens, the worker
-model's default) loading at ``--kv-load-gbps`` (20 GB/s, PCIe class; 128 KiB a token). Rows:
+model's default). Workers and the router's cost model are priced with ``--gpu-profile`` (the
+worker model's default, the measured H100 8B profile; a CPU-tier load at the profile's
+measured copy rate); ``flat``: the flat model, loads at ``--kv-load-gbps`` (20 GB/s, PCIe
+class; 128 KiB a token). Rows:
 
 - ``ttft`` with ``--router-tiers off`` (tier-blind: GPU shadows only, as before tiers),
   ``on`` (a shadow per tier, a CPU hit priced at its load time) and ``exact`` (both tiers
@@ -36,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from traces.commands.options import make_sim_picker  # noqa: E402
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
-from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig, add_profile_option  # noqa: E402
 from traces.trace.formats import load_trace  # noqa: E402
 
 DATA = ROOT / "traces" / "data"
@@ -65,7 +68,15 @@ CELLS = (
 def run_cell(cell: tuple, worker: WorkerModelConfig, shadow: str = "blocks") -> dict:
     name, path, pacing, workers, speedup = cell
     trace = load_trace(str(path))
-    base = SimConfig(workers=workers, worker=worker, pacing=pacing, speedup=speedup, shadow=shadow)
+    # the router's cost model follows the workers' profile (simulate's default)
+    base = SimConfig(
+        workers=workers,
+        worker=worker,
+        pacing=pacing,
+        speedup=speedup,
+        shadow=shadow,
+        cost_profile=worker.profile,
+    )
     rows = {}
     for policy, tiers in ROWS:
         config = replace(base, router_tiers=tiers)
@@ -119,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="one cell per trace")
     p.add_argument("--cpu-x", type=float, default=4.0, help="CPU tier / GPU KV")
-    p.add_argument("--kv-load-gbps", type=float, default=20.0)
+    p.add_argument("--kv-load-gbps", type=float, default=20.0, help="CPU-tier loads (flat only)")
+    add_profile_option(p)
     p.add_argument(
         "--shadow", choices=("blocks", "radix"), default="blocks",
         help="the router's GPU shadow (radix: evicts whole leaves, as the worker model does)",
@@ -129,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     gpu = WorkerModelConfig().kv_capacity_tokens
     worker = WorkerModelConfig(
-        cpu_kv_capacity_tokens=int(gpu * args.cpu_x), kv_load_gbps=args.kv_load_gbps
+        cpu_kv_capacity_tokens=int(gpu * args.cpu_x),
+        kv_load_gbps=args.kv_load_gbps,
+        profile=args.gpu_profile,
     )
     cells = list(CELLS)
     if args.quick:
@@ -140,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "cpu_x": args.cpu_x,
         "kv_load_gbps": args.kv_load_gbps,
+        "gpu_profile": "flat" if args.gpu_profile is None else args.gpu_profile.name,
         "shadow": args.shadow,
         "cells": results,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,19 @@ def test_strict_partition_sends_each_new_session_to_its_adapters_home(bench) -> 
     # 8 adapters over 4 workers of 2 slots: a worker's new sessions never need a third adapter
     ttft = simulate(trace, bench.TTFTPicker(), config, "ttft")
     assert run.lora_swaps < ttft.lora_swaps
+
+
+def test_gpu_profile_prices_the_workers_and_is_recorded(bench, tmp_path) -> None:
+    """``--gpu-profile``: flat and the measured profile give different TTFTs, each recorded."""
+    got = {}
+    for profile in ("flat", "h100-llama8b"):
+        out = tmp_path / f"{profile}.json"
+        argv = ["--traces", "conversation_sample", "--requests", "300", "--adapters", "8"]
+        argv += ["--speedups", "1"]
+        argv += ["--lora-load-ms", "50", "--margins", "0.5", "--gpu-profile", profile]
+        assert bench.main([*argv, "--out", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["config"]["gpu_profile"] == profile
+        got[profile] = {r["policy"]: r["ttft_p90"] for r in doc["rows"]}
+    assert set(got["flat"]) == {"round_robin", "ttft", "partition", "partition<=0.5"}
+    assert got["flat"] != got["h100-llama8b"]
