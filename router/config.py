@@ -26,7 +26,7 @@ from pydantic_settings import (
 from policies.registry import PICKER_NAMES, make_picker
 from router.cache.block_hash import BLOCK_SIZE
 from router.cache.cost_model import SEQ_S, CostTerms
-from router.cache.cost_profile import DEFAULT, profile_names, resolve
+from router.cache.cost_profile import DEFAULT, FLAT_KV_LOAD_GBPS, profile_names, resolve
 from router.cache.radix_tree import EVICTION_POLICIES
 from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
 from router.validation import (
@@ -149,8 +149,11 @@ class Settings(BaseSettings):
         "a vLLM worker that reports kv_offloading_size in vllm:cache_config_info is sized "
         "from it (with --shadow-capacity-from-worker)",
     )
-    kv_load_gbps: Positive = Field(
-        20.0, description="the workers' CPU tier to GPU KV load bandwidth, GB/s"
+    kv_load_gbps: Positive | None = Field(
+        None,
+        description="the workers' CPU tier to GPU KV load bandwidth, GB/s; none: the cost "
+        "profile's measured pinned-copy rate for its pieces (about 49 on h100-llama8b), "
+        f"{FLAT_KV_LOAD_GBPS:g} with --cost-profile flat",
     )
     worker_kv_load_gbps: dict[str, Positive] = Field(
         default_factory=dict, description="per-worker load bandwidth override: URL=GBPS"
@@ -207,7 +210,8 @@ class Settings(BaseSettings):
     cost_time_scale: Positive = Field(
         1.0,
         description="the workers run this many times faster than real time (sim workers' "
-        "--time-scale): the cost profile's seconds (and the flat one's step costs) divided by it",
+        "--time-scale): the cost profile's seconds (and the flat one's step costs, and KV "
+        "loads from the CPU tier) divided by it",
     )
     radix_eviction: str = Field("lru", description="eviction policy of the shadow radix tree")
     tokenizer: str = Field(
@@ -602,9 +606,15 @@ class Settings(BaseSettings):
         return self.worker_cpu_kv_capacity_tokens.get(url, self.cpu_kv_capacity_tokens)
 
     def kv_load_s_per_token(self, url: str) -> float:
-        """Seconds to load one token's KV from the CPU tier of the worker at ``url``."""
+        """Seconds to load one token's KV from the CPU tier of the worker at ``url``, in the
+        workers' time (divided by ``cost_time_scale``, as the cost model's terms)."""
         gbps = self.worker_kv_load_gbps.get(url, self.kv_load_gbps)
-        return self.kv_bytes_per_token / (gbps * 1e9)
+        profile = resolve(self.cost_profile) if gbps is None else None
+        if profile is not None:
+            seconds = profile.load_s_per_token()
+        else:
+            seconds = self.kv_bytes_per_token / ((gbps or FLAT_KV_LOAD_GBPS) * 1e9)
+        return seconds / self.cost_time_scale
 
     @classmethod
     def settings_customise_sources(

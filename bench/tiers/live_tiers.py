@@ -22,8 +22,8 @@ evicts whole leaves (SGLang's rule; ``blocks`` evicts block by block, tail first
 
 Every router gets the workers' capacities and, like ``sweep``, their time scale
 (:func:`traces.live.fleet.time_scaled_router_args`: the prefill prior times it, ttft's times
-divided by it); the load bandwidth it prices is ``--kv-load-gbps`` times the time scale too
-(the workers' loads take 1/speedup real seconds). ``cache-router replay`` sends the bundled
+divided by it, ``--cost-time-scale``, which divides the load it prices at ``--kv-load-gbps``
+too: the workers' loads take 1/speedup real seconds). ``cache-router replay`` sends the bundled
 Weka agentic sample through it with session pacing (output capped at 64 tokens, as
 ``bench/live_vs_offline``'s agentic preset; ``--requests N``: the first N only) and writes its
 results.json under ``out/live_tiers/``; client times are multiplied by the speedup, so they
@@ -132,8 +132,8 @@ def router_args(cfg: Config, workers: list[str], args: argparse.Namespace, port:
     out += ["--worker", *workers]
     out += ["--kv-capacity-tokens", str(args.kv_capacity_tokens)]
     out += ["--cpu-kv-capacity-tokens", str(args.cpu_kv_capacity_tokens)]
-    # the workers load at kv_load_gbps of modelled time: speedup times that a real second
-    out += ["--kv-load-gbps", repr(args.kv_load_gbps * args.speedup)]
+    # the workers load at kv_load_gbps of modelled time (--cost-time-scale scales it)
+    out += ["--kv-load-gbps", repr(args.kv_load_gbps)]
     out += ["--router-tiers", cfg.tiers, "--shadow", args.shadow, "--log-level", "warning"]
     out += ["--cost-profile", "flat"]  # the flat worker model's bench (run_live)
     out += time_scaled_router_args(cfg.policy, args.speedup)
@@ -460,7 +460,6 @@ def main(argv: list[str] | None = None) -> int:
         "kv_capacity_tokens": args.kv_capacity_tokens,
         "cpu_kv_capacity_tokens": args.cpu_kv_capacity_tokens,
         "kv_load_gbps": args.kv_load_gbps,
-        "router_kv_load_gbps": args.kv_load_gbps * args.speedup,
         "max_output_tokens": args.max_output_tokens,
         "prompt_mode": args.prompt_mode,
         "shadow": args.shadow,

@@ -35,6 +35,11 @@ FLAT = "flat"
 """``--gpu-profile flat`` / ``--cost-profile flat``: no profile, the flat model of the
 worker model's (or the router's) own flags."""
 
+FLAT_KV_LOAD_GBPS = 20.0
+"""The flat model's host to GPU KV load rate, GB/s: PCIe Gen4 class (vLLM measures about 50
+one way on an H100 with its 0.5-2 MB blocks since 0.12; smaller blocks and older links move
+less). A profile's loads run at its measured copy curve instead."""
+
 DEFAULT = "h100-llama8b"
 """The profile the worker model prices steps by, and the router predicts with, when not told
 (``--gpu-profile``, ``--cost-profile``): an H100 serving an 8B model, the deployment the
@@ -86,6 +91,13 @@ class GpuProfile:
         (s0, g0), (s1, g1) = curve[i - 1], curve[i]
         f = math.log(piece_bytes / s0) / math.log(s1 / s0)
         return g0 + f * (g1 - g0)
+
+    def load_s_per_token(self) -> float:
+        """Seconds per token of a load of whole blocks (every link copying ``kv_piece_bytes``
+        pieces): the price of a CPU-tier hit, which :meth:`load_s` of one token would
+        overstate at a one-token piece's rate."""
+        per_link = self.kv_bytes_per_token / self.kv_links
+        return per_link / (self.copy_gbps(self.kv_piece_bytes) * 1e9)
 
     def load_s(self, tokens: int) -> float:
         """Seconds to load ``tokens`` tokens' KV from host memory (each link its share)."""

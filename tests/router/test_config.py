@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from router.cache.cost_profile import resolve
 from router.cli import build_parser
 from router.config import Settings, load_settings
 from router.service.command import settings_from_args
@@ -124,8 +125,16 @@ def test_per_worker_cpu_tier_and_bandwidth() -> None:
     )  # fmt: skip
     s = settings_from_args(args)
     assert s.cpu_capacity_for("http://a:1") == 0 and s.cpu_capacity_for("http://b:2") == 4096
-    assert s.kv_load_s_per_token("http://a:1") == pytest.approx(131_072 / 20e9)
+    # not told a bandwidth: the cost profile's (h100-llama8b) rate for whole-block loads
+    h100 = resolve("h100-llama8b")
+    assert s.kv_load_s_per_token("http://a:1") == pytest.approx(h100.load_s(4096) / 4096)
+    assert 131_072 / 50e9 < s.kv_load_s_per_token("http://a:1") < 131_072 / 45e9
     assert s.kv_load_s_per_token("http://b:2") == pytest.approx(131_072 / 50e9)
+    flat = Settings(cost_profile="flat")
+    assert flat.kv_load_s_per_token("http://a:1") == pytest.approx(131_072 / 20e9)
+    # in the workers' time, as the cost model's terms: sim workers 10x faster load 10x faster
+    scaled = Settings(kv_load_gbps=25, cost_time_scale=10)
+    assert scaled.kv_load_s_per_token("http://a:1") == pytest.approx(131_072 / 25e9 / 10)
     with pytest.raises(ValueError, match="must be >= 0, not -1"):
         Settings(worker_cpu_kv_capacity_tokens={"http://a:1": -1})
     with pytest.raises(ValueError, match="must be > 0, not 0"):

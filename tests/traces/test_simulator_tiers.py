@@ -12,6 +12,7 @@ import pytest
 
 import traces
 from policies.registry import make_picker
+from router.cache.cost_profile import resolve
 from router.cli import main
 from traces.commands import simulate as simulate_cmd
 from traces.commands.options import config_from_args
@@ -88,6 +89,12 @@ def test_router_tier_states(sample):
     states = make_worker_states(CONFIG)
     assert all(s.tiered and s.cpu.capacity_blocks == 4 * GPU // 512 for s in states)
     assert states[0].kv_load_s_per_token == pytest.approx(WORKER.load_s(1))
+    # told a profile, the router prices a hit at the profile's bulk rate, as serve does (not
+    # at a one-token piece's rate: 2.8x that on h100-llama8b)
+    h100 = resolve("h100-llama8b")
+    priced = make_worker_states(replace(CONFIG, cost_profile=h100))[0].kv_load_s_per_token
+    assert priced == pytest.approx(h100.load_s(4096) / 4096)
+    assert priced < h100.load_s(1) / 2
     off = make_worker_states(replace(CONFIG, router_tiers="off"))
     assert all(s.cpu is None and not s.tiered for s in off)
     untiered = make_worker_states(replace(CONFIG, worker=replace(WORKER, cpu_kv_capacity_tokens=0)))

@@ -161,7 +161,12 @@ def make_worker_states(
                 cpu_blocks(worker.cpu_kv_capacity_tokens, BLOCK_TOKENS), BLOCK_TOKENS
             )
         if worker.cpu_kv_capacity_tokens:
-            state.kv_load_s_per_token = worker.load_s(1)
+            # the router's belief, as serve's: its cost profile's rate, else the flat flags'
+            state.kv_load_s_per_token = (
+                config.cost_profile.load_s_per_token()
+                if config.cost_profile is not None
+                else worker.kv_bytes_per_token / (worker.kv_load_gbps * 1e9)
+            )
         states.append(state)
     return states
 

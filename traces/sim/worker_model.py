@@ -81,6 +81,7 @@ import numpy as np
 
 from router.cache.block_hash import KEY_TOKENS, TOKEN_BYTES, keys_as_tokens
 from router.cache.block_lru import BlockLRU
+from router.cache.cost_profile import FLAT_KV_LOAD_GBPS
 from router.cache.lora import adapter_blocks
 from router.cache.radix_tree import RadixTree, TreeNode
 from router.validation import (
@@ -99,9 +100,8 @@ from traces.trace.record import BLOCK_TOKENS
 KV_TOKENS = integer(BLOCK_TOKENS, MAX_TOKENS)
 """A worker's KV capacity: at least one block."""
 
-KV_LOAD_GBPS = 20.0
-"""Host to GPU KV loads, GB/s: PCIe Gen4 class (vLLM measures about 50 one way on an H100
-with its 0.5-2 MB blocks since 0.12; smaller blocks and older links move less)."""
+KV_LOAD_GBPS = FLAT_KV_LOAD_GBPS
+"""The flat model's host to GPU KV loads, GB/s."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from router.cache.cost_profile import resolve
 from traces.live.fleet import router as start_router
 from traces.live.fleet import scrape, sim_workers
 
@@ -104,7 +105,9 @@ def test_the_cpu_tier_is_sized_from_what_the_worker_reports(worker: list) -> Non
         assert sized is not None, "the worker's reported CPU tier never reached the router"
         assert sized["capacity_tokens"] == CPU_TOKENS and sized["capacity_reported"]
         assert sized["shadow_capacity_blocks"] == CPU_TOKENS // 512
-        assert sized["load_s_per_token"] == pytest.approx(131_072 / 20e9)
+        # no --kv-load-gbps: the cost profile's (the default, h100-llama8b) bulk copy rate
+        bulk = resolve("h100-llama8b").load_s_per_token()
+        assert sized["load_s_per_token"] == pytest.approx(bulk)
         complete(router.url, SESSION + "turn 1")
         push_off_the_gpu(router.url)
         again = complete(router.url, SESSION + "turn 2")["prompt_tokens_details"]
