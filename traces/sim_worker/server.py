@@ -49,6 +49,7 @@ end, holding its blocks), sampling, logprobs, n > 1, batched prompts.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import random
@@ -362,6 +363,30 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
 
 
+async def warm_streaming() -> None:
+    """Stream one empty answer through starlette in-process, to nobody.
+
+    Starlette runs a streamed answer (every generation the router forwards) in an anyio task
+    group, and anyio imports its asyncio backend and task modules at their first use: done
+    by the first request instead, the imports block the worker's event loop for 0.1-0.4 s
+    on a loaded host, 2-8 modelled seconds at ``--time-scale 20``, which the opening burst
+    of the first policy a sweep runs paid in TTFT (docs/bench-history.md, issue 52 item 5).
+    The lifespan's startup runs this before the worker takes requests."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b""
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # no disconnect: the task group cancels this wait
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
+    await StreamingResponse(chunks())(scope, receive, send)
+
+
 class _StartFirst:
     """ASGI middleware: ``start()`` before the first request (the SGLang bootstrap listener
     of an app run without lifespan; idempotent)."""
@@ -426,6 +451,7 @@ def create_app(config: SimWorkerConfig | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
+            await warm_streaming()
             await pd.start()
             yield
         finally:

@@ -452,3 +452,70 @@ def test_config_rejects_nonsense() -> None:
         SimWorkerConfig(WorkerModelConfig(kv_capacity_tokens=100))
     with pytest.raises(ValueError, match="decode step"):
         SimWorkerConfig(WorkerModelConfig(profile=None, step_overhead_s=0, decode_s_per_seq=0))
+
+
+FIRST_STREAM = """
+import asyncio, json, sys
+from traces.sim_worker.server import SimWorkerConfig, create_app
+
+app = create_app(SimWorkerConfig(time_scale=1000.0))
+ASGI = {"version": "3.0", "spec_version": "2.3"}  # uvicorn's: streams in an anyio task group
+
+
+async def main():
+    started, stop = asyncio.Event(), asyncio.Event()
+
+    async def life_receive():
+        if not started.is_set():
+            return {"type": "lifespan.startup"}
+        await stop.wait()
+        return {"type": "lifespan.shutdown"}
+
+    async def life_send(message):
+        if message["type"] == "lifespan.startup.complete":
+            started.set()
+
+    life = asyncio.create_task(app({"type": "lifespan", "asgi": ASGI}, life_receive, life_send))
+    await asyncio.wait_for(started.wait(), 10)
+    before = set(sys.modules)
+    body = json.dumps({"prompt": "x" * 4000, "max_tokens": 4, "stream": True}).encode()
+    sent, done = [], asyncio.Event()
+
+    async def receive():
+        if not sent:
+            sent.append(1)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+
+    scope = {"type": "http", "asgi": ASGI, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 2), "headers": [(b"content-type", b"application/json")]}
+    await asyncio.wait_for(app(scope, receive, send), 10)
+    print(json.dumps(sorted(set(sys.modules) - before)))
+    stop.set()
+    await life
+
+
+asyncio.run(main())
+"""
+
+
+def test_first_streamed_answer_imports_nothing() -> None:
+    """A fresh worker's first streamed answer imports no module: starlette streams in an
+    anyio task group, whose backend anyio imports at first use, a stall of the event loop
+    (0.1-0.4 s on a loaded host, seconds of modelled time at a sweep's time scale) that the
+    first requests of a run paid; the lifespan's startup does it before serving."""
+    root = Path(__file__).parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_STREAM], cwd=root, env=env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
