@@ -34,7 +34,11 @@ from traces.commands.options import make_sim_picker  # noqa: E402
 from traces.live.fleet import router, scrape, sim_workers  # noqa: E402
 from traces.live.replay import ReplayConfig, replay  # noqa: E402
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
-from traces.sim.worker_model import WorkerModelConfig, add_profile_option  # noqa: E402
+from traces.sim.worker_model import (  # noqa: E402
+    WorkerModelConfig,
+    add_profile_option,
+    profile_arg,
+)
 from traces.trace.assign import assign_models  # noqa: E402
 from traces.trace.formats import load_trace  # noqa: E402
 from traces.trace.record import TraceRequest  # noqa: E402
@@ -192,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for v in summary:
         print(_line(v))
     config = {k: v for k, v in vars(args).items() if k not in ("out", "gpu_profile_named")}
-    config["gpu_profile"] = "flat" if args.gpu_profile is None else args.gpu_profile.name
+    config["gpu_profile"] = profile_arg(args.gpu_profile)
     args.out.write_text(json.dumps({"config": config, "rows": rows, "verdicts": summary}, indent=1))
     return 0
 

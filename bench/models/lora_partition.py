@@ -37,7 +37,11 @@ from policies.hits import UNHEALTHY, estimate_hits  # noqa: E402
 from policies.registry import make_picker  # noqa: E402
 from policies.ttft import TTFTPicker  # noqa: E402
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
-from traces.sim.worker_model import WorkerModelConfig, add_profile_option  # noqa: E402
+from traces.sim.worker_model import (  # noqa: E402
+    WorkerModelConfig,
+    add_profile_option,
+    profile_arg,
+)
 from traces.trace.formats import load_trace  # noqa: E402
 
 
@@ -141,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             flush=True,
                         )
     config = {k: v for k, v in vars(args).items() if k not in ("out", "gpu_profile_named")}
-    config["gpu_profile"] = "flat" if profile is None else profile.name
+    config["gpu_profile"] = profile_arg(profile)
     args.out.write_text(json.dumps({"config": config, "rows": rows}, indent=1) + "\n")
     return 0
 

@@ -40,7 +40,11 @@ sys.path.insert(0, str(ROOT))
 from traces.commands.options import make_sim_picker  # noqa: E402
 from traces.sim.gpu_profile import GpuProfile  # noqa: E402
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
-from traces.sim.worker_model import WorkerModelConfig, add_profile_option  # noqa: E402
+from traces.sim.worker_model import (  # noqa: E402
+    WorkerModelConfig,
+    add_profile_option,
+    profile_arg,
+)
 from traces.trace.formats import load_trace  # noqa: E402
 
 DATA = ROOT / "traces" / "data"
@@ -209,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--md", type=Path, default=ROOT / "bench" / "results" / "pd_compare.md")
     args = p.parse_args(argv)
     profile = args.gpu_profile
-    profile_name = "flat" if profile is None else profile.name
+    profile_name = profile_arg(profile)
     started = time.perf_counter()
     rows: list[dict] = []
     bar_trace = None

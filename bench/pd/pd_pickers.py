@@ -27,7 +27,7 @@ from pd_compare import KEYS, LOADS, ROOT, TRACES
 from traces.commands.options import make_sim_picker
 from traces.sim.config import SimConfig
 from traces.sim.simulator import simulate
-from traces.sim.worker_model import WorkerModelConfig, add_profile_option
+from traces.sim.worker_model import WorkerModelConfig, add_profile_option, profile_arg
 from traces.trace.formats import load_trace
 
 KV = 1_000_000
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--md", type=Path, default=results / "pd_pickers.md")
     args = p.parse_args(argv)
     profile = args.gpu_profile
-    profile_name = "flat" if profile is None else profile.name
+    profile_name = profile_arg(profile)
     started = time.perf_counter()
     rows = []
     for name, path in TRACES.items():

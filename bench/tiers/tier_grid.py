@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from traces.commands.options import make_sim_picker  # noqa: E402
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
-from traces.sim.worker_model import WorkerModelConfig, add_profile_option  # noqa: E402
+from traces.sim.worker_model import WorkerModelConfig, add_profile_option, profile_arg  # noqa: E402
 from traces.trace.formats import load_trace  # noqa: E402
 
 DATA = ROOT / "traces" / "data"
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "cpu_x": args.cpu_x,
         "kv_load_gbps": args.kv_load_gbps,
-        "gpu_profile": "flat" if args.gpu_profile is None else args.gpu_profile.name,
+        "gpu_profile": profile_arg(args.gpu_profile),
         "shadow": args.shadow,
         "cells": results,
     }
