@@ -20,6 +20,14 @@ def _layers():
     return module
 
 
+def _package(root: Path, files: dict[str, str]) -> None:
+    """A package ``pkg`` under ``root`` holding ``files`` (paths inside it: source)."""
+    for name, source in files.items():
+        path = root / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+
+
 @pytest.mark.parametrize("package", ["traces", "policies"])
 def test_package_at_most_six_layers_deep(package: str) -> None:
     layers = _layers()
@@ -41,14 +49,17 @@ def test_every_package_at_most_six_layers_deep_over_its_children(package: str) -
 
 def test_nested_squashes_each_subpackage_into_one_node(tmp_path: Path) -> None:
     layers = _layers()
-    pkg = tmp_path / "pkg"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "sub" / "__init__.py").write_text("from pkg.sub import b\n")
-    (pkg / "a.py").write_text("from pkg.sub import b\n")
-    (pkg / "sub" / "b.py").write_text("from pkg.sub import c\n")
-    (pkg / "sub" / "c.py").write_text("from pkg import d\n")
-    (pkg / "d.py").write_text("")
+    _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "sub/__init__.py": "from pkg.sub import b\n",
+            "a.py": "from pkg.sub import b\n",
+            "sub/b.py": "from pkg.sub import c\n",
+            "sub/c.py": "from pkg import d\n",
+            "d.py": "",
+        },
+    )
     graphs = layers.nested(layers.graph("pkg", root=tmp_path))
     assert graphs["pkg"] == {
         "pkg.a": {"pkg.sub"},
@@ -67,14 +78,17 @@ def test_nested_squashes_each_subpackage_into_one_node(tmp_path: Path) -> None:
 
 def test_layers_counts_the_longest_import_path(tmp_path: Path) -> None:
     layers = _layers()
-    pkg = tmp_path / "pkg"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from pkg.sub import b\n")
-    (pkg / "sub" / "b.py").write_text("def f():\n    from . import c\n")
-    (pkg / "sub" / "c.py").write_text("import os\n")
-    (pkg / "d.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    import pkg.a\n")
+    _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "sub/__init__.py": "",
+            "a.py": "from pkg.sub import b\n",
+            "sub/b.py": "def f():\n    from . import c\n",
+            "sub/c.py": "import os\n",
+            "d.py": "import typing\nif typing.TYPE_CHECKING:\n    import pkg.a\n",
+        },
+    )
     assert layers.depth(layers.graph("pkg", root=tmp_path))[:2] == (
         4,
         ["pkg.d", "pkg.a", "pkg.sub.b", "pkg.sub.c"],

@@ -100,9 +100,6 @@ from traces.trace.record import BLOCK_TOKENS
 KV_TOKENS = integer(BLOCK_TOKENS, MAX_TOKENS)
 """A worker's KV capacity: at least one block."""
 
-KV_LOAD_GBPS = FLAT_KV_LOAD_GBPS
-"""The flat model's host to GPU KV loads, GB/s."""
-
 
 @dataclass(frozen=True)
 class WorkerModelConfig:
@@ -118,7 +115,7 @@ class WorkerModelConfig:
     max_loras: int = 1  # distinct LoRA adapters in one batch and resident (vLLM's default)
     lora_load_s: float = 0.05  # loading an adapter into a GPU slot (a swap)
     cpu_kv_capacity_tokens: int = 0  # the host-memory KV tier (0: none)
-    kv_load_gbps: float = KV_LOAD_GBPS  # host to GPU, GB/s (1e9 bytes)
+    kv_load_gbps: float = FLAT_KV_LOAD_GBPS  # host to GPU, GB/s (1e9 bytes)
     kv_bytes_per_token: int = kv_transfer.BYTES_PER_TOKEN  # all layers
     # measured step costs (traces/sim/gpu_profile.py); None: the flat rates above price prefill,
     # decode and CPU-tier loads. Default: gpu_profile.DEFAULT_PROFILE, the measured H100 8B
