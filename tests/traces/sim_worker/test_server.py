@@ -458,7 +458,7 @@ FIRST_STREAM = """
 import asyncio, json, sys
 from traces.sim_worker.server import SimWorkerConfig, create_app
 
-app = create_app(SimWorkerConfig(time_scale=1000.0))
+app = create_app(SimWorkerConfig())  # the defaults, as `cache-router sim-worker`
 ASGI = {"version": "3.0", "spec_version": "2.3"}  # uvicorn's: streams in an anyio task group
 
 
