@@ -1,18 +1,20 @@
 """LoRA affinity: adapter swaps and hit rate per picker, with fewer slots than adapters.
 
-    python bench/models/lora_affinity.py [--workers 4] [--max-loras 2] [--adapters 8 16] [--live] \
-        [--gpu-profile h100-llama8b|flat|FILE]
+    python bench/models/lora_affinity.py [--workers 4] [--max-loras 2] [--adapters 8 16] \
+        [--live | --live-only] [--gpu-profile h100-llama8b|flat|FILE]
 
 Each trace's sessions are given one adapter each (``lora-0 .. lora-{N-1}``, by a hash of the
 session id: :mod:`traces.trace.assign`), so every request runs an adapter. The offline simulator
 (:mod:`traces.sim.simulator`: worker models with ``--max-loras`` slots, ``lora_load_s`` per
 load) replays each trace at each load (``--speedups``) through each picker on a fresh fleet;
 the workers' loads (swaps) and their true hit rate are reported; workers and the router's cost
-model priced with ``--gpu-profile`` (the worker model's default; ``flat``: the flat model; the
-offline runs only). ``--live`` also replays the
-bundled samples (``--live-traces``) through ``cache-router serve`` in front of sim workers
-(``sim-worker --lora ... --max-loras N``), swaps read from the workers'
-``sim:lora_swaps_total``, TTFT in the workers' model seconds (wall times ``--time-scale``).
+model priced with ``--gpu-profile`` (the worker model's default; ``flat``: the flat model).
+``--live`` also replays the bundled samples (``--live-traces``) through ``cache-router serve``
+in front of sim workers (``sim-worker --lora ... --max-loras N --gpu-profile P``), the router
+priced with the same profile in the workers' time (``sweep``'s
+:func:`traces.live.fleet.time_scaled_router_args`), swaps read from the workers'
+``sim:lora_swaps_total``, TTFT in the workers' model seconds (wall times ``--time-scale``);
+``--live-only`` skips the offline runs.
 The figures go to bench/results/lora_affinity.json.
 """
 
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from traces.commands.options import make_sim_picker  # noqa: E402
-from traces.live.fleet import router, scrape, sim_workers  # noqa: E402
+from traces.live.fleet import router, scrape, sim_workers, time_scaled_router_args  # noqa: E402
 from traces.live.replay import ReplayConfig, replay  # noqa: E402
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
 from traces.sim.worker_model import (  # noqa: E402
@@ -99,6 +101,7 @@ def live(args: argparse.Namespace) -> list[dict]:
     """``--live-traces`` through a router per picker, sim workers restarted each time
     (fresh caches and slots)."""
     rows = []
+    profile = profile_arg(args.gpu_profile)
     for name, adapters, speedup in itertools.product(
         args.live_traces, args.live_adapters, args.live_speedups
     ):
@@ -107,9 +110,12 @@ def live(args: argparse.Namespace) -> list[dict]:
         loras = ["--lora", *sorted({r.model for r in trace}), "--max-loras", str(args.max_loras)]
         for policy in POLICIES:
             worker_args = ["--time-scale", str(args.time_scale), "--log-level", "warning", *loras]
+            worker_args += ["--gpu-profile", profile]
+            router_args = ["--log-level", "warning", "--cost-profile", profile]
+            router_args += time_scaled_router_args(policy, args.time_scale)
             with sim_workers(args.workers, worker_args) as workers:
                 urls = [w.url for w in workers]
-                with router(urls, policy, ["--log-level", "warning"]) as r:
+                with router(urls, policy, router_args) as r:
                     cfg = ReplayConfig(url=r.url, speedup=speedup * args.time_scale)
                     t0 = time.monotonic()
                     out = asyncio.run(replay(trace, cfg, policy))
@@ -176,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--speedups", type=float, nargs="+", default=[0.25, 0.5, 1.0])
     p.add_argument("--requests", type=int, default=None, help="first N requests of each trace")
     p.add_argument("--live", action="store_true", help="also replay live through the router")
+    p.add_argument("--live-only", action="store_true", help="--live without the offline runs")
     p.add_argument("--live-requests", type=int, default=400)
     p.add_argument("--live-speedups", type=float, nargs="+", default=[0.25, 0.5])
     p.add_argument(
@@ -189,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_profile_option(p)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lora_affinity.json")
     args = p.parse_args(argv)
-    rows = offline(args)
-    if args.live:
+    rows = [] if args.live_only else offline(args)
+    if args.live or args.live_only:
         rows += live(args)
     summary = verdicts(rows)
     for v in summary:

@@ -6,9 +6,11 @@ the simulator's.
         [--out bench/results/live_tiers.json] [--md out/live_tiers.md]
 
 Four sim workers (GPU KV ``--kv-capacity-tokens`` 262,144, a CPU tier of
-``--cpu-kv-capacity-tokens`` 1,048,576 loading at ``--kv-load-gbps`` 20 GB/s, KV events
-published, each at its own port) run ``--speedup`` (20) times faster than real time, as
-``cache-router sweep --sim-workers`` runs them. On the same workers, their caches reset in
+``--cpu-kv-capacity-tokens`` 1,048,576, KV events published, each at its own port) priced by
+``--gpu-profile`` (the worker model's default, the measured H100 8B profile, loading at its
+measured rate; ``flat``: the flat model, loading at ``--kv-load-gbps`` 20 GB/s) run
+``--speedup`` (20) times faster than real time, as ``cache-router sweep --sim-workers`` runs
+them. On the same workers, their caches reset in
 between (``POST /reset_prefix_cache``), a fresh ``cache-router serve`` per configuration:
 
 - (a) ``ttft --router-tiers off`` (tier-blind), (b) ``ttft --router-tiers on``,
@@ -20,7 +22,8 @@ Every router runs the GPU shadow ``--shadow`` (radix): its split of a hit betwee
 is right only when the shadow evicts as the worker does, and the sim workers' radix cache
 evicts whole leaves (SGLang's rule; ``blocks`` evicts block by block, tail first, as vLLM).
 
-Every router gets the workers' capacities and, like ``sweep``, their time scale
+Every router gets the workers' capacities, their profile (``--cost-profile``) and, like
+``sweep``, their time scale
 (:func:`traces.live.fleet.time_scaled_router_args`: the prefill prior times it, ttft's times
 divided by it, ``--cost-time-scale``, which divides the load it prices at ``--kv-load-gbps``
 too: the workers' loads take 1/speedup real seconds). ``cache-router replay`` sends the bundled
@@ -57,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from router.cache.cost_profile import FLAT_KV_LOAD_GBPS  # noqa: E402
 from traces.commands.options import cap_output, make_sim_picker  # noqa: E402
 from traces.live.fleet import (  # noqa: E402
     HOST,
@@ -68,7 +72,11 @@ from traces.live.fleet import (  # noqa: E402
     time_scaled_router_args,
 )
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
-from traces.sim.worker_model import WorkerModelConfig  # noqa: E402
+from traces.sim.worker_model import (  # noqa: E402
+    WorkerModelConfig,
+    add_profile_option,
+    profile_arg,
+)
 from traces.trace.formats import load_trace  # noqa: E402
 
 TRACE = ROOT / "traces" / "data" / "weka_agentic_sample.jsonl"
@@ -132,10 +140,12 @@ def router_args(cfg: Config, workers: list[str], args: argparse.Namespace, port:
     out += ["--worker", *workers]
     out += ["--kv-capacity-tokens", str(args.kv_capacity_tokens)]
     out += ["--cpu-kv-capacity-tokens", str(args.cpu_kv_capacity_tokens)]
-    # the workers load at kv_load_gbps of modelled time (--cost-time-scale scales it)
-    out += ["--kv-load-gbps", repr(args.kv_load_gbps)]
     out += ["--router-tiers", cfg.tiers, "--shadow", args.shadow, "--log-level", "warning"]
-    out += ["--cost-profile", "flat"]  # the flat worker model's bench (run_live)
+    # priced as the workers are: their profile, or the flat model at its load rate (modelled
+    # time: --cost-time-scale scales both); a profile prices a load at its own bulk rate
+    out += ["--cost-profile", profile_arg(args.gpu_profile)]
+    if args.gpu_profile is None:
+        out += ["--kv-load-gbps", repr(args.kv_load_gbps)]
     out += time_scaled_router_args(cfg.policy, args.speedup)
     if cfg.kv_events:
         out += ["--kv-events", "--kv-events-connect"]
@@ -238,7 +248,9 @@ def run_live(args: argparse.Namespace, out_dir: Path, configs: list[Config]) -> 
     sim_args = ["--time-scale", repr(args.speedup), "--log-level", "warning"]
     sim_args += ["--kv-capacity-tokens", str(args.kv_capacity_tokens)]
     sim_args += ["--cpu-kv-capacity-tokens", str(args.cpu_kv_capacity_tokens)]
-    sim_args += ["--kv-load-gbps", repr(args.kv_load_gbps), "--gpu-profile", "flat"]
+    sim_args += ["--gpu-profile", profile_arg(args.gpu_profile)]
+    if args.gpu_profile is None:
+        sim_args += ["--kv-load-gbps", repr(args.kv_load_gbps)]
     with sim_workers(args.workers, sim_args, kv_events="worker-binds") as sims:
         workers = [s.url for s in sims]
         return [run_one(cfg, workers, args, out_dir) for cfg in configs]
@@ -253,17 +265,17 @@ def run_offline(args: argparse.Namespace, configs: list[Config]) -> list[dict]:
         trace = trace[: args.requests]
     if args.max_output_tokens:
         trace = cap_output(trace, args.max_output_tokens)
-    worker = WorkerModelConfig(  # the flat model, as the sim workers (--gpu-profile flat)
-        profile=None,
+    worker = WorkerModelConfig(  # as the sim workers
+        profile=args.gpu_profile,
         kv_capacity_tokens=args.kv_capacity_tokens,
         cpu_kv_capacity_tokens=args.cpu_kv_capacity_tokens,
         kv_load_gbps=args.kv_load_gbps,
     )
     rows = []
     for cfg in configs:
-        config = SimConfig(workers=args.workers, worker=worker, pacing="session", cost_profile=None,
-                           router_tiers=cfg.tiers, kv_events=cfg.kv_events,
-                           shadow=args.shadow)  # fmt: skip
+        config = SimConfig(workers=args.workers, worker=worker, pacing="session",
+                           cost_profile=worker.profile, router_tiers=cfg.tiers,
+                           kv_events=cfg.kv_events, shadow=args.shadow)  # fmt: skip
         s = simulate(trace, make_sim_picker(cfg.policy), config, cfg.key).summary()
         hit, cpu = s["hit_rate"], s.get("cpu_hit_rate", 0.0)
         rows.append(
@@ -283,9 +295,9 @@ def run_offline(args: argparse.Namespace, configs: list[Config]) -> list[dict]:
         # a diagnostic, not ranked: the same (d) with the KV events arriving at once (the
         # index then sees an eviction made at the very step boundary a session's next turn
         # is dispatched at; any delay, even 1 ms, hides it)
-        config = SimConfig(workers=args.workers, worker=worker, pacing="session", cost_profile=None,
-                           router_tiers="on", kv_events=True, kv_event_delay_s=0.0,
-                           shadow=args.shadow)  # fmt: skip
+        config = SimConfig(workers=args.workers, worker=worker, pacing="session",
+                           cost_profile=worker.profile, router_tiers="on", kv_events=True,
+                           kv_event_delay_s=0.0, shadow=args.shadow)  # fmt: skip
         s = simulate(trace, make_sim_picker("ttft"), config, "d0").summary()
         rows.append(
             {
@@ -359,9 +371,11 @@ def compare(live: list[dict], offline: list[dict]) -> dict:
 def markdown(live: list[dict], offline: list[dict], agreement: dict, args: argparse.Namespace,
              n: int) -> str:  # fmt: skip
     off = {r["config"]: r for r in offline}
+    profile = profile_arg(args.gpu_profile)
+    load = f"flat, {args.kv_load_gbps:g} GB/s" if args.gpu_profile is None else profile
     lines = [
         f"Live tiered KV: {args.workers} sim workers, GPU KV {args.kv_capacity_tokens:,} + CPU "
-        f"tier {args.cpu_kv_capacity_tokens:,} tokens at {args.kv_load_gbps:g} GB/s, "
+        f"tier {args.cpu_kv_capacity_tokens:,} tokens ({load}), "
         f"{Path(args.trace).name} ({n} requests), session pacing, {args.speedup:g}x "
         f"(times in modelled s), output <= {args.max_output_tokens} tokens",
         "",
@@ -424,7 +438,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="replay speedup and the sim workers' --time-scale")  # fmt: skip
     p.add_argument("--kv-capacity-tokens", type=int, default=262_144)
     p.add_argument("--cpu-kv-capacity-tokens", type=int, default=1_048_576)
-    p.add_argument("--kv-load-gbps", type=float, default=20.0, help="modelled GB/s")
+    p.add_argument("--kv-load-gbps", type=float, default=FLAT_KV_LOAD_GBPS,
+                   help="modelled GB/s, the flat model's (--gpu-profile flat); a profile "
+                   "loads at its own measured rate")  # fmt: skip
+    add_profile_option(p)
     p.add_argument("--max-output-tokens", type=int, default=64)
     p.add_argument("--requests", "--max-requests", type=int, default=None,
                    help="first N requests only (quick runs)")  # fmt: skip
@@ -440,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--md", default="out/live_tiers.md")
     p.add_argument("--runs", default="out/live_tiers", help="replay results and router logs")
     args = p.parse_args(argv)
+    if args.gpu_profile is not None and args.kv_load_gbps != FLAT_KV_LOAD_GBPS:
+        p.error("--kv-load-gbps prices the flat model: give it with --gpu-profile flat")
     chosen = set(args.configs.split(","))
     configs = [c for c in CONFIGS if c.key in chosen]
     out_dir = Path(args.runs)
@@ -459,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         "speedup": args.speedup,
         "kv_capacity_tokens": args.kv_capacity_tokens,
         "cpu_kv_capacity_tokens": args.cpu_kv_capacity_tokens,
-        "kv_load_gbps": args.kv_load_gbps,
+        "kv_load_gbps": args.kv_load_gbps if args.gpu_profile is None else None,
+        "gpu_profile": profile_arg(args.gpu_profile),
         "max_output_tokens": args.max_output_tokens,
         "prompt_mode": args.prompt_mode,
         "shadow": args.shadow,
