@@ -10,9 +10,11 @@ another shape; ``cache-router sim-worker --role prefill|decode --flavor F``, an 
 prefill with its own
 ``--disaggregation-bootstrap-port``; KV transfers at the sim worker's defaults) and a
 ``cache-router serve --prefill ... --decode ... --pd-protocol F --policy P`` (decode picker:
-the default ``decode_load``) replays the first ``--requests`` requests of the bundled
-conversation sample (:mod:`traces.live.replay`: open loop, streamed, prompts rebuilt from the
-trace's blocks, outputs capped at ``--max-output-tokens`` as bench/models/model_fleet.py).
+the default ``decode_load``; told the workers' time scale as ``sweep`` tells it,
+:func:`traces.live.fleet.time_scaled_router_args`) replays the first ``--requests`` requests
+of the bundled conversation sample (:mod:`traces.live.replay`: open loop, streamed, prompts
+rebuilt from the trace's blocks, outputs capped at ``--max-output-tokens`` as
+bench/models/model_fleet.py).
 
 Time: the workers run ``--time-scale`` model seconds per real second (10, as
 bench/models/model_fleet.py's default) and requests arrive ``--speedup`` times as fast as recorded
@@ -62,7 +64,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from router.fleet.worker_truth import parse_worker_metrics  # noqa: E402
-from traces.live.fleet import HOST, Service, free_port, scrape, start_service  # noqa: E402
+from traces.live.fleet import (  # noqa: E402
+    HOST,
+    Service,
+    free_port,
+    scrape,
+    start_service,
+    time_scaled_router_args,
+)
 from traces.live.replay import ReplayConfig, replay  # noqa: E402
 from traces.trace.formats import load_trace  # noqa: E402
 
@@ -157,14 +166,17 @@ def pd_fleet(
 
 
 @contextlib.contextmanager
-def pd_router(fleet: Fleet, flavor: str, policy: str, log: Path) -> Iterator[Service]:
+def pd_router(
+    fleet: Fleet, flavor: str, policy: str, log: Path, time_scale: float
+) -> Iterator[Service]:
     port = free_port()
     prefill: list[str] = []
     for service, bootstrap in fleet.prefill:
         prefill += [service.url] + ([str(bootstrap)] if bootstrap else [])
     args = ["serve", "--host", HOST, "--port", str(port), "--policy", policy,
             "--prefill", *prefill, "--decode", *fleet.decode_urls, "--pd-protocol", flavor,
-            "--log-level", "warning", "--models-interval-s", "1"]  # fmt: skip
+            "--log-level", "warning", "--models-interval-s", "1",
+            *time_scaled_router_args(policy, time_scale)]  # fmt: skip
     service = start_service(f"router-{flavor}-{policy}", args, port, log_file=str(log))
     try:
         _wait_workers(service.url, len(fleet.prefill) + len(fleet.decode))
@@ -248,7 +260,7 @@ def run_one(trace, args: argparse.Namespace, kv: int, flavor: str, policy: str) 
         logs = Path(tmp)
         with pd_fleet(flavor, worker_args, logs, *args.fleet) as fleet:
             router_log = logs / "router.log"
-            with pd_router(fleet, flavor, policy, router_log) as router:
+            with pd_router(fleet, flavor, policy, router_log, args.time_scale) as router:
                 before = prefix_counters(fleet.prefill_urls)
                 cfg = ReplayConfig(
                     url=router.url,

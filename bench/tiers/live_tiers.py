@@ -25,8 +25,8 @@ evicts whole leaves (SGLang's rule; ``blocks`` evicts block by block, tail first
 Every router gets the workers' capacities, their profile (``--cost-profile``) and, like
 ``sweep``, their time scale
 (:func:`traces.live.fleet.time_scaled_router_args`: the prefill prior times it, ttft's times
-divided by it, ``--cost-time-scale``, which divides the load it prices at ``--kv-load-gbps``
-too: the workers' loads take 1/speedup real seconds). ``cache-router replay`` sends the bundled
+divided by it, ``--cost-time-scale``, which divides the price of a CPU-tier load too: the
+workers' loads take 1/speedup real seconds). ``cache-router replay`` sends the bundled
 Weka agentic sample through it with session pacing (output capped at 64 tokens, as
 ``bench/live_vs_offline``'s agentic preset; ``--requests N``: the first N only) and writes its
 results.json under ``out/live_tiers/``; client times are multiplied by the speedup, so they
