@@ -107,18 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     config = WorkerModelConfig(profile=args.gpu_profile)
     prefill, _ = request_work(trace, config)
     forced = ttft_floors(trace, config) > args.slo
+    forced_late = int(forced.sum())
     arrivals = np.fromiter((r.arrival for r in trace), dtype=np.float64, count=len(trace))
     tail = allowed_late(len(trace), args.quantile)
     print(
         f"{args.trace}: {len(trace)} requests, {args.workers} workers, "
         f"{profile_arg(args.gpu_profile)}; TTFT p{args.quantile * 100:g} <= {args.slo:g} s "
-        f"allows {tail} late; {int(forced.sum())} late at any load (floor over the SLO)"
+        f"allows {tail} late; {forced_late} late at any load (floor over the SLO)"
     )
     print("| speedup | late at least | allowed | the SLO reachable |")
     print("|---:|---:|---:|---|")
     rest = ~forced
     for speedup in args.speedups:
-        late = int(forced.sum()) + late_lower_bound(
+        late = forced_late + late_lower_bound(
             arrivals[rest] / speedup, prefill[rest], args.workers, args.slo,
             args.grid_s, args.max_window_s,
         )  # fmt: skip
