@@ -8,7 +8,8 @@ the simulator's.
 Four sim workers (GPU KV ``--kv-capacity-tokens`` 262,144, a CPU tier of
 ``--cpu-kv-capacity-tokens`` 1,048,576, KV events published, each at its own port) priced by
 ``--gpu-profile`` (the worker model's default, the measured H100 8B profile, loading at its
-measured rate; ``flat``: the flat model, loading at ``--kv-load-gbps`` 20 GB/s) run
+measured rate; ``flat``, or ``--kv-load-gbps`` given without it: the flat model, loading at
+``--kv-load-gbps``, 20 GB/s by default) run
 ``--speedup`` (20) times faster than real time, as ``cache-router sweep --sim-workers`` runs
 them. On the same workers, their caches reset in
 between (``POST /reset_prefix_cache``), a fresh ``cache-router serve`` per configuration:
@@ -458,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default="out/live_tiers", help="replay results and router logs")
     args = p.parse_args(argv)
     if args.gpu_profile is not None and args.kv_load_gbps != FLAT_KV_LOAD_GBPS:
-        p.error("--kv-load-gbps prices the flat model: give it with --gpu-profile flat")
+        if args.gpu_profile_named:
+            p.error("--kv-load-gbps prices the flat model: a profile loads at its measured rate")
+        args.gpu_profile = None  # a flat-model flag, no profile named: flat (args_profile's rule)
     chosen = set(args.configs.split(","))
     configs = [c for c in CONFIGS if c.key in chosen]
     out_dir = Path(args.runs)
