@@ -8,8 +8,9 @@ the simulator's.
 Four sim workers (GPU KV ``--kv-capacity-tokens`` 262,144, a CPU tier of
 ``--cpu-kv-capacity-tokens`` 1,048,576, KV events published, each at its own port) priced by
 ``--gpu-profile`` (the worker model's default, the measured H100 8B profile, loading at its
-measured rate; ``flat``, or ``--kv-load-gbps`` given without it: the flat model, loading at
-``--kv-load-gbps``, 20 GB/s by default) run
+measured rate; ``flat``, or a flat-model flag such as ``--kv-load-gbps`` given without it: the
+flat model, loading at ``--kv-load-gbps``, 20 GB/s by default; the worker model's flags are
+``simulate``'s, :func:`traces.sim.worker_model.add_model_options`) run
 ``--speedup`` (20) times faster than real time, as ``cache-router sweep --sim-workers`` runs
 them. On the same workers, their caches reset in
 between (``POST /reset_prefix_cache``), a fresh ``cache-router serve`` per configuration:
@@ -61,7 +62,6 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from router.cache.cost_profile import FLAT_KV_LOAD_GBPS  # noqa: E402
 from traces.commands.options import cap_output, make_sim_picker  # noqa: E402
 from traces.live.fleet import (  # noqa: E402
     HOST,
@@ -74,8 +74,9 @@ from traces.live.fleet import (  # noqa: E402
 )
 from traces.sim.simulator import SimConfig, simulate  # noqa: E402
 from traces.sim.worker_model import (  # noqa: E402
-    WorkerModelConfig,
-    add_profile_option,
+    add_model_options,
+    model_argv,
+    model_config_from_args,
     profile_arg,
 )
 from traces.trace.formats import load_trace  # noqa: E402
@@ -144,9 +145,9 @@ def router_args(cfg: Config, workers: list[str], args: argparse.Namespace, port:
     out += ["--router-tiers", cfg.tiers, "--shadow", args.shadow, "--log-level", "warning"]
     # priced as the workers are: their profile, or the flat model at its load rate (modelled
     # time: --cost-time-scale scales both); a profile prices a load at its own bulk rate
-    out += ["--cost-profile", profile_arg(args.gpu_profile)]
-    if args.gpu_profile is None:
-        out += ["--kv-load-gbps", repr(args.kv_load_gbps)]
+    out += ["--cost-profile", profile_arg(args.model.profile)]
+    if args.model.profile is None:
+        out += ["--kv-load-gbps", repr(args.model.kv_load_gbps)]
     out += time_scaled_router_args(cfg.policy, args.speedup)
     if cfg.kv_events:
         out += ["--kv-events", "--kv-events-connect"]
@@ -247,11 +248,7 @@ def run_one(cfg: Config, workers: list[str], args: argparse.Namespace, out_dir: 
 
 def run_live(args: argparse.Namespace, out_dir: Path, configs: list[Config]) -> list[dict]:
     sim_args = ["--time-scale", repr(args.speedup), "--log-level", "warning"]
-    sim_args += ["--kv-capacity-tokens", str(args.kv_capacity_tokens)]
-    sim_args += ["--cpu-kv-capacity-tokens", str(args.cpu_kv_capacity_tokens)]
-    sim_args += ["--gpu-profile", profile_arg(args.gpu_profile)]
-    if args.gpu_profile is None:
-        sim_args += ["--kv-load-gbps", repr(args.kv_load_gbps)]
+    sim_args += model_argv(args.model)
     with sim_workers(args.workers, sim_args, kv_events="worker-binds") as sims:
         workers = [s.url for s in sims]
         return [run_one(cfg, workers, args, out_dir) for cfg in configs]
@@ -266,12 +263,7 @@ def run_offline(args: argparse.Namespace, configs: list[Config]) -> list[dict]:
         trace = trace[: args.requests]
     if args.max_output_tokens:
         trace = cap_output(trace, args.max_output_tokens)
-    worker = WorkerModelConfig(  # as the sim workers
-        profile=args.gpu_profile,
-        kv_capacity_tokens=args.kv_capacity_tokens,
-        cpu_kv_capacity_tokens=args.cpu_kv_capacity_tokens,
-        kv_load_gbps=args.kv_load_gbps,
-    )
+    worker = args.model  # as the sim workers
     rows = []
     for cfg in configs:
         config = SimConfig(workers=args.workers, worker=worker, pacing="session",
@@ -372,8 +364,9 @@ def compare(live: list[dict], offline: list[dict]) -> dict:
 def markdown(live: list[dict], offline: list[dict], agreement: dict, args: argparse.Namespace,
              n: int) -> str:  # fmt: skip
     off = {r["config"]: r for r in offline}
-    profile = profile_arg(args.gpu_profile)
-    load = f"flat, {args.kv_load_gbps:g} GB/s" if args.gpu_profile is None else profile
+    model = args.model
+    flat = model.profile is None
+    load = f"flat, {model.kv_load_gbps:g} GB/s" if flat else profile_arg(model.profile)
     lines = [
         f"Live tiered KV: {args.workers} sim workers, GPU KV {args.kv_capacity_tokens:,} + CPU "
         f"tier {args.cpu_kv_capacity_tokens:,} tokens ({load}), "
@@ -431,18 +424,16 @@ def markdown(live: list[dict], offline: list[dict], agreement: dict, args: argpa
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The bench's flags; ``model`` the sim workers' model they describe (the worker model's
+    flags as ``simulate`` reads them, the flat-model rule included)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", default=str(TRACE))
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--speedup", type=float, default=20.0,
                    help="replay speedup and the sim workers' --time-scale")  # fmt: skip
-    p.add_argument("--kv-capacity-tokens", type=int, default=262_144)
-    p.add_argument("--cpu-kv-capacity-tokens", type=int, default=1_048_576)
-    p.add_argument("--kv-load-gbps", type=float, default=FLAT_KV_LOAD_GBPS,
-                   help="modelled GB/s, the flat model's (--gpu-profile flat); a profile "
-                   "loads at its own measured rate")  # fmt: skip
-    add_profile_option(p)
+    add_model_options(p, kv_help="GPU KV tokens per sim worker")
+    p.set_defaults(kv_capacity_tokens=262_144, cpu_kv_capacity_tokens=1_048_576)
     p.add_argument("--max-output-tokens", type=int, default=64)
     p.add_argument("--requests", "--max-requests", type=int, default=None,
                    help="first N requests only (quick runs)")  # fmt: skip
@@ -458,10 +449,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--md", default="out/live_tiers.md")
     p.add_argument("--runs", default="out/live_tiers", help="replay results and router logs")
     args = p.parse_args(argv)
-    if args.gpu_profile is not None and args.kv_load_gbps != FLAT_KV_LOAD_GBPS:
-        if args.gpu_profile_named:
-            p.error("--kv-load-gbps prices the flat model: a profile loads at its measured rate")
-        args.gpu_profile = None  # a flat-model flag, no profile named: flat (args_profile's rule)
+    try:
+        args.model = model_config_from_args(args)
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     chosen = set(args.configs.split(","))
     configs = [c for c in CONFIGS if c.key in chosen]
     out_dir = Path(args.runs)
@@ -481,8 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         "speedup": args.speedup,
         "kv_capacity_tokens": args.kv_capacity_tokens,
         "cpu_kv_capacity_tokens": args.cpu_kv_capacity_tokens,
-        "kv_load_gbps": args.kv_load_gbps if args.gpu_profile is None else None,
-        "gpu_profile": profile_arg(args.gpu_profile),
+        "kv_load_gbps": args.model.kv_load_gbps if args.model.profile is None else None,
+        "gpu_profile": profile_arg(args.model.profile),
         "max_output_tokens": args.max_output_tokens,
         "prompt_mode": args.prompt_mode,
         "shadow": args.shadow,
