@@ -145,9 +145,9 @@ class LLMDPicker:
         self._pods: list[PodLRU] = []
 
     def pick(self, request: RequestFeatures, workers: Sequence[WorkerView]) -> Pick:
-        hits, best_hit = estimate_hits(request, workers)
+        hits, best_hit, matched = self.estimate(request, workers)
         healthy = [i for i, hit in enumerate(hits) if hit != UNHEALTHY]
-        prefix, blocks = self.prefix_scores(request, workers, healthy, hits)
+        prefix, blocks = self.prefix_scores(request, workers, healthy, matched)
         queue = queue_scores([waiting_requests(workers[i]) for i in healthy])
         totals = [
             self.queue_weight * queue[k]
@@ -160,12 +160,21 @@ class LLMDPicker:
         self.record(request, workers, chosen, blocks)
         return Pick(chosen, "max_score_tie" if tie else "max_score", hits[chosen], best_hit)
 
+    def estimate(
+        self, request: RequestFeatures, workers: Sequence[WorkerView]
+    ) -> tuple[list[int], int, Sequence[float]]:
+        """Per worker the router's hit estimate (``UNHEALTHY`` for unhealthy ones), the best,
+        and the tokens the prefix scorer counts as matched (here the estimates themselves,
+        which only :meth:`prefix_scores` of a subclass reads)."""
+        hits, best = estimate_hits(request, workers)
+        return hits, best, hits
+
     def prefix_scores(
         self,
         request: RequestFeatures,
         workers: Sequence[WorkerView],
         healthy: list[int],
-        hits: list[int],
+        matched: Sequence[float],
     ) -> tuple[list[float], Sequence[int]]:
         """``M / N`` per healthy pod from the index, and the blocks it hashed."""
         size = request.block_size

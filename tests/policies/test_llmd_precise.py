@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from policies.llmd_precise import LLMDPrecisePicker
+from router.cache.block_lru import BlockLRU
+from router.cache.worker_state import WorkerState
 
 
 def _pod(worker, waiting, usage, cached=()):
@@ -29,3 +33,36 @@ def test_learns_nothing_from_its_own_picks(worker, request_for):
     # the views stay cold, so every pick is a fresh random tie: no affinity
     assert {p.branch for p in picks} == {"max_score_tie"}
     assert len({p.worker for p in picks}) == 4
+
+
+def _tiered_fleet(cpu_tier: bool) -> list[WorkerState]:
+    """w0: blocks 1, 2 on the GPU and 3, 4 in its CPU tier; w1: blocks 1, 2, 3 on the GPU."""
+
+    def state(name: str) -> WorkerState:
+        cpu = BlockLRU(1000, 512) if cpu_tier else None
+        return WorkerState(name=name, blocks=BlockLRU(1000, 512), cpu=cpu, kv_load_s_per_token=1e-5)
+
+    fleet = [state("w0"), state("w1")]
+    fleet[0].blocks.insert([1, 2])
+    if cpu_tier:
+        fleet[0].cpu.insert([3, 4])
+    fleet[1].blocks.insert([1, 2, 3])
+    return fleet
+
+
+def test_a_block_in_the_cpu_tier_weighs_cpu_weight(request_for):
+    request = request_for([1, 2, 3, 4])
+    # idle pods: kv and queue score 1 each; prefix w0 (1024 + 0.8 * 1024) / 2048 = 0.9,
+    # w1 1536 / 2048 = 0.75
+    pick = LLMDPrecisePicker().pick(request, _tiered_fleet(cpu_tier=True))
+    assert (pick.worker, pick.branch) == (0, "max_score")
+    assert (pick.hit_tokens, pick.best_hit_tokens) == (1024, 1536)  # the GPU hits, as tiered's
+    # at 0.4 a CPU block weighs less: w0 (1024 + 0.4 * 1024) / 2048 = 0.7 < 0.75
+    assert LLMDPrecisePicker(cpu_weight=0.4).pick(request, _tiered_fleet(cpu_tier=True)).worker == 1
+    # without the tier w0 holds half the prompt
+    assert LLMDPrecisePicker().pick(request, _tiered_fleet(cpu_tier=False)).worker == 1
+
+
+def test_cpu_weight_is_a_fraction():
+    with pytest.raises(ValueError, match="cpu_weight"):
+        LLMDPrecisePicker(cpu_weight=1.5)
