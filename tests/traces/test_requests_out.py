@@ -93,3 +93,66 @@ def test_the_routers_prediction_of_a_prompt_extending_a_cached_one(gpu: str) -> 
             assert error.max() < within
         else:  # the flat prior: 2k new tokens after 128k cached read under half the time
             assert error[5] > 0.5
+
+
+def test_sweep_writes_every_live_request(tmp_path: Path, data: Path) -> None:
+    # a short live sweep (2 sim workers at 40x): the same lines as simulate's, with the
+    # worker's URL; capped's requests keep the full trace's positions
+    path = data / "mooncake_conversation_head200.jsonl"
+    out = tmp_path / "live.jsonl"
+    argv = ["sweep", "--trace", str(path), "--max-requests", "140", "--policies", "ttft,capped",
+            "--max-turns", "1", "--max-output-tokens", "8", "--sim-workers", "2",
+            "--speedup", "40", "--out", str(tmp_path), "--requests-out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    document = json.loads((tmp_path / "results.json").read_text())
+    trace = load_trace(path)[:140]
+    capped = build_capped_trace(trace, 1)
+    by_policy = {p: [x for x in lines if x["policy"] == p] for p in ("ttft", "capped")}
+    assert len(by_policy["ttft"]) == 140 and len(by_policy["capped"]) == len(capped) < 140
+    assert [x["index"] for x in by_policy["ttft"]] == list(range(140))
+    position = {id(r): i for i, r in enumerate(trace)}
+    assert [x["index"] for x in by_policy["capped"]] == [position[id(r)] for r in capped]
+    urls = set()
+    for line in lines:
+        assert set(line) == (FIELDS - {"predicted_ttft_s"}) | {"worker_url"}
+        assert line["status"] == "ok" and line["estimated_tokens"] is None
+        assert 0 < line["ttft_s"] <= line["e2e_s"]
+        assert line["input_length"] == trace[line["index"]].input_length
+        urls.add(line["worker_url"])
+        assert line["worker"] in (0, 1)
+    assert len(urls) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
+    # the lines are the tables' requests: the same TTFT p90, in the modelled seconds
+    for policy, entries in by_policy.items():
+        ttft = np.array([x["ttft_s"] for x in entries])
+        assert np.percentile(ttft, 90) == pytest.approx(
+            document["policies"][policy]["ttft_p90"], rel=1e-4
+        )
+        cached = sum(x["cached_tokens"] for x in entries)
+        prompt = sum(x["input_length"] for x in entries)
+        assert cached / prompt == pytest.approx(document["policies"][policy]["hit_rate"])
+
+
+def test_an_unanswered_live_request_keeps_its_line() -> None:
+    from traces.live.replay import ReplayOutcome
+    from traces.reports.requests_out import live_request_lines
+    from traces.trace.record import TraceRequest
+    from traces.trace.run import PolicyRun
+
+    trace = [TraceRequest(float(i), f"s{i}", 1, 512, 4, (i,), request_id=i) for i in range(3)]
+    one = np.array([1.0])
+    run = PolicyRun(
+        name="ttft", requests=1, worker=np.array([0]), arrival=one, first_token=one * 1.5,
+        finish=one * 2, output_length=np.array([4]), input_length=np.array([512]),
+        cached=np.array([0]), estimated=np.zeros(1), pick_us=np.zeros(0), branches={},
+        inflight_t=np.zeros(0), inflight=np.zeros((0, 1), dtype=np.int32), wall_seconds=1.0,
+    )  # fmt: skip
+    outcome = ReplayOutcome(
+        run, 2, ["http://w"], None, 0.0, np.zeros(1), served_by=["http://w"],
+        status=np.array([429, 200, 0]), trace=trace, answered=np.array([1]),
+    )  # fmt: skip
+    lines = list(live_request_lines(outcome, [5, 6, 7]))
+    assert [x["index"] for x in lines] == [5, 6, 7]
+    assert [x["status"] for x in lines] == ["429", "ok", "error"]
+    assert lines[1]["ttft_s"] == 0.5 and lines[1]["worker_url"] == "http://w"
+    assert lines[0]["ttft_s"] is None and lines[0]["worker"] is None

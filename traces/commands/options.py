@@ -348,6 +348,17 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
                    help="send a request again after a connection failure before its first "
                         "token, up to N times (the OpenAI SDK's default is 2)")  # fmt: skip
     p.add_argument("--out", default="out/replay", help="directory for results and plots")
+    add_requests_out_option(p)
+
+
+def add_requests_out_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--requests-out",
+        default=None,
+        metavar="FILE",
+        help="write every request's outcome, one JSON line per request and policy (policy, "
+        "index in the trace, ttft_s, cached_tokens, worker...: traces/reports/requests_out.py)",
+    )
 
 
 DEFAULT_SLO = "ttft_p90=2"
@@ -389,13 +400,7 @@ def add_simulate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="auto", help="trace format (auto-detected by default)")
     p.add_argument("--out", default="out/simulate", help="directory for results and plots")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument(
-        "--requests-out",
-        default=None,
-        metavar="FILE",
-        help="write every request's outcome, one JSON line per request and policy (policy, "
-        "index in the trace, ttft_s, cached_tokens, worker...: traces/reports/requests_out.py)",
-    )
+    add_requests_out_option(p)
     p.add_argument(
         "--no-hit-gap",
         action="store_true",

@@ -20,6 +20,10 @@ The shadows' fidelity is the router's own: before each router stops, its
 ``_radix`` and ``_kv`` (the KV-event index), the names ``simulate`` uses for the same figures
 (``shadow_abs_error``: the one that answered the estimates); in precise mode the KV-event
 batches' lag (publish to receipt, ``/workers``) too, in modelled seconds.
+
+``--requests-out FILE`` writes each request's live outcome, one JSON line per request and
+policy, in ``simulate --requests-out``'s format, so a live run and the simulator can be
+compared request by request.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from traces.commands.run_sweep import (
     router_prediction_errors,
     run_sweep,
 )
-from traces.live.replay import replay
+from traces.live.replay import ReplayOutcome, replay
+from traces.reports.requests_out import write_live_requests
 from traces.trace.formats import load_trace
 from traces.trace.record import TraceRequest
 
@@ -66,6 +71,7 @@ def _replay_main(args: argparse.Namespace) -> int:
     )  # fmt: skip
     document["pacing"] = args.pacing
     report_outcomes(document, [outcome], Path(args.out))
+    write_requests_out(args, trace, [outcome])
     return 1 if outcome.run.requests == 0 else 0
 
 
@@ -78,7 +84,17 @@ def _sweep_main(args: argparse.Namespace) -> int:
     except ValueError as exc:  # no workers, or a given worker unreachable
         return refuse("sweep", exc)
     report_outcomes(document, outcomes, Path(args.out))
+    write_requests_out(args, trace, outcomes)
     return 0 if all(o.run.requests > 0 for o in outcomes) else 1
+
+
+def write_requests_out(
+    args: argparse.Namespace, trace: list[TraceRequest], outcomes: list[ReplayOutcome]
+) -> None:
+    """``--requests-out FILE``: each request's live outcome (traces/reports/requests_out.py)."""
+    if args.requests_out:
+        lines = write_live_requests(Path(args.requests_out), trace, outcomes)
+        print(f"wrote {lines} request lines to {args.requests_out}")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

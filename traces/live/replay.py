@@ -16,9 +16,11 @@ metric, ``reported_hit_rate`` the sum of ``cached_tokens`` in the responses.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,6 +80,9 @@ class ReplayOutcome:
     status: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     retry_after: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     ttft: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # the trace replayed, and the positions in it of ``run``'s rows (the requests answered)
+    trace: Sequence[TraceRequest] = ()
+    answered: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def send_lag_p99(self) -> float:
@@ -185,6 +190,20 @@ def prebuilt_bodies(trace: Sequence[TraceRequest], cfg: ReplayConfig, model: str
     return bodies
 
 
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Collect, then freeze the heap for the timed replay: a full collection of a large heap
+    (a process that ran ``capacity`` first, as ``demo`` does) pauses the client for tens of
+    milliseconds, which it would read as the workers' latency, times the sim workers' time
+    scale. Objects made during the replay are still collected; unfrozen after."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) -> ReplayOutcome:
     """Send ``trace`` to ``cfg.url`` (paced as ``cfg.pacing``) and collect per-request
     outcomes."""
@@ -216,7 +235,6 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
         model, workers = await _discover(clients, cfg)
         bodies = prebuilt_bodies(trace, cfg, model)
         before = await scrape_hits(clients, workers)
-        start = time.perf_counter()
 
         async def one(i: int, req: TraceRequest) -> None:
             nonlocal done, retried, lost_streaming
@@ -301,7 +319,9 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
                         cached[i] = details.get("cached_tokens") or 0
             finish[i] = time.perf_counter() - start
 
-        await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+        with frozen_heap():
+            start = time.perf_counter()  # read by one() and _read_stream() when they run
+            await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
         wall = time.perf_counter() - start
         after = await scrape_hits(clients, workers)
     finally:
@@ -380,4 +400,6 @@ def _outcome(
         status,
         retry_after,
         first - arrival,
+        trace,
+        np.flatnonzero(ok),
     )

@@ -15,6 +15,13 @@ a disaggregated fleet's prefill worker), ``predicted_ttft_s`` (the router's pred
 its cost model at booking plus what the request had waited before; null where none), plus
 ``cpu_cached_tokens`` with a CPU tier and
 ``decode_worker`` / ``transfer_s`` in a disaggregated fleet.
+
+``replay`` and ``sweep`` write the same lines for a live run (:func:`write_live_requests`),
+times in the modelled deployment's seconds as their tables read them: ``status`` is "ok" or
+the router's HTTP status ("429", ...; "error" where none came), ``worker`` indexes the
+workers by URL and ``worker_url`` names it; the client cannot see the router's estimate, so
+``estimated_tokens`` is null and ``predicted_ttft_s`` absent (the router exports its
+prediction error as a metric).
 """
 
 from __future__ import annotations
@@ -23,10 +30,13 @@ import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from traces.trace.record import TraceRequest
 from traces.trace.run import PolicyRun
+
+if TYPE_CHECKING:
+    from traces.live.replay import ReplayOutcome
 
 
 def request_lines(
@@ -86,6 +96,63 @@ def write_requests(
             ran = traces[run.name]
             index = [position[id(r)] for r in ran]
             written += _dump(out, request_lines(run, ran, index))
+    return written
+
+
+def live_request_lines(outcome: ReplayOutcome, index: Sequence[int]) -> Iterator[dict[str, Any]]:
+    """One record per request of a live run's trace (``outcome.trace``), ``index`` each one's
+    position in the trace given to the command; the unanswered ones with their status."""
+    run = outcome.run
+    answered = dict(
+        zip(
+            outcome.answered.tolist(),
+            request_lines(
+                run,
+                [outcome.trace[k] for k in outcome.answered],
+                [index[k] for k in outcome.answered],
+            ),
+            strict=True,
+        )
+    )
+    for k, req in enumerate(outcome.trace):
+        line = answered.get(k)
+        if line is not None:
+            line["estimated_tokens"] = None
+            line["worker_url"] = outcome.served_by[line["worker"]]
+            yield line
+            continue
+        code = int(outcome.status[k]) if k < len(outcome.status) else 0
+        yield {
+            "policy": run.name,
+            "index": int(index[k]),
+            "request_id": req.request_id,
+            "session_id": req.session_id,
+            "turn": req.turn,
+            "status": str(code) if code and code != 200 else "error",
+            "arrival_s": None,
+            "ttft_s": None,
+            "e2e_s": None,
+            "input_length": req.input_length,
+            "output_length": req.output_length,
+            "cached_tokens": None,
+            "estimated_tokens": None,
+            "worker": None,
+            "worker_url": None,
+        }
+
+
+def write_live_requests(
+    path: Path, trace: Sequence[TraceRequest], outcomes: Sequence[ReplayOutcome]
+) -> int:
+    """Every live run's requests to ``path``, as :func:`write_requests` does offline (each
+    outcome's trace found in ``trace`` by identity); the number of lines written."""
+    position = {id(r): i for i, r in enumerate(trace)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with path.open("w") as out:
+        for outcome in outcomes:
+            index = [position[id(r)] for r in outcome.trace]
+            written += _dump(out, live_request_lines(outcome, index))
     return written
 
 
