@@ -16,11 +16,9 @@ metric, ``reported_hit_rate`` the sum of ``cached_tokens`` in the responses.
 from __future__ import annotations
 
 import asyncio
-import gc
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -190,20 +188,6 @@ def prebuilt_bodies(trace: Sequence[TraceRequest], cfg: ReplayConfig, model: str
     return bodies
 
 
-@contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Collect, then freeze the heap for the timed replay: a full collection of a large heap
-    (a process that ran ``capacity`` first, as ``demo`` does) pauses the client for tens of
-    milliseconds, which it would read as the workers' latency, times the sim workers' time
-    scale. Objects made during the replay are still collected; unfrozen after."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) -> ReplayOutcome:
     """Send ``trace`` to ``cfg.url`` (paced as ``cfg.pacing``) and collect per-request
     outcomes."""
@@ -235,6 +219,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
         model, workers = await _discover(clients, cfg)
         bodies = prebuilt_bodies(trace, cfg, model)
         before = await scrape_hits(clients, workers)
+        start = time.perf_counter()
 
         async def one(i: int, req: TraceRequest) -> None:
             nonlocal done, retried, lost_streaming
@@ -319,9 +304,7 @@ async def replay(trace: Sequence[TraceRequest], cfg: ReplayConfig, name: str) ->
                         cached[i] = details.get("cached_tokens") or 0
             finish[i] = time.perf_counter() - start
 
-        with frozen_heap():
-            start = time.perf_counter()  # read by one() and _read_stream() when they run
-            await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
         wall = time.perf_counter() - start
         after = await scrape_hits(clients, workers)
     finally:

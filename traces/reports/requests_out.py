@@ -30,13 +30,22 @@ import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
+
+import numpy as np
 
 from traces.trace.record import TraceRequest
 from traces.trace.run import PolicyRun
 
-if TYPE_CHECKING:
-    from traces.live.replay import ReplayOutcome
+
+class LiveRun(Protocol):
+    """What a live run's lines need (``traces.live.replay.ReplayOutcome`` has it)."""
+
+    run: PolicyRun
+    trace: Sequence[TraceRequest]  # the trace replayed
+    answered: np.ndarray  # positions in ``trace`` of ``run``'s rows
+    status: np.ndarray  # per request of ``trace``: the router's HTTP status (0: none)
+    served_by: list[str]  # ``run.worker``'s index -> the worker's URL
 
 
 def request_lines(
@@ -99,7 +108,7 @@ def write_requests(
     return written
 
 
-def live_request_lines(outcome: ReplayOutcome, index: Sequence[int]) -> Iterator[dict[str, Any]]:
+def live_request_lines(outcome: LiveRun, index: Sequence[int]) -> Iterator[dict[str, Any]]:
     """One record per request of a live run's trace (``outcome.trace``), ``index`` each one's
     position in the trace given to the command; the unanswered ones with their status."""
     run = outcome.run
@@ -142,7 +151,7 @@ def live_request_lines(outcome: ReplayOutcome, index: Sequence[int]) -> Iterator
 
 
 def write_live_requests(
-    path: Path, trace: Sequence[TraceRequest], outcomes: Sequence[ReplayOutcome]
+    path: Path, trace: Sequence[TraceRequest], outcomes: Sequence[LiveRun]
 ) -> int:
     """Every live run's requests to ``path``, as :func:`write_requests` does offline (each
     outcome's trace found in ``trace`` by identity); the number of lines written."""
