@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -98,14 +99,13 @@ def write_requests(
     """Every run's requests to ``path`` (JSON lines; ``traces[run.name]`` the trace it ran,
     its requests found in ``trace`` by identity); the number of lines written."""
     position = {id(r): i for i, r in enumerate(trace)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    written = 0
-    with path.open("w") as out:
-        for run in runs:
-            ran = traces[run.name]
-            index = [position[id(r)] for r in ran]
-            written += _dump(out, request_lines(run, ran, index))
-    return written
+    return _dump(
+        path,
+        chain.from_iterable(
+            request_lines(run, traces[run.name], [position[id(r)] for r in traces[run.name]])
+            for run in runs
+        ),
+    )
 
 
 def live_request_lines(outcome: LiveRun, index: Sequence[int]) -> Iterator[dict[str, Any]]:
@@ -156,18 +156,19 @@ def write_live_requests(
     """Every live run's requests to ``path``, as :func:`write_requests` does offline (each
     outcome's trace found in ``trace`` by identity); the number of lines written."""
     position = {id(r): i for i, r in enumerate(trace)}
+    return _dump(
+        path,
+        chain.from_iterable(
+            live_request_lines(o, [position[id(r)] for r in o.trace]) for o in outcomes
+        ),
+    )
+
+
+def _dump(path: Path, lines: Iterable[dict[str, Any]]) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
-    written = 0
-    with path.open("w") as out:
-        for outcome in outcomes:
-            index = [position[id(r)] for r in outcome.trace]
-            written += _dump(out, live_request_lines(outcome, index))
-    return written
-
-
-def _dump(out: IO[str], lines: Iterator[dict[str, Any]]) -> int:
     n = 0
-    for line in lines:
-        out.write(json.dumps(line, separators=(",", ":")) + "\n")
-        n += 1
+    with path.open("w") as out:
+        for line in lines:
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+            n += 1
     return n
