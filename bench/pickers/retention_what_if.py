@@ -78,7 +78,9 @@ class KeptLRU:
             (self.plain if self.plain else self.kept).popitem(last=False)
 
 
-def route(trace: Sequence[TraceRequest], workers: int, capacity_blocks: int, keep: Retention):
+def route(
+    trace: Sequence[TraceRequest], workers: int, capacity_blocks: int, keep: Retention
+) -> np.ndarray:
     """Per request, its prefix hit in blocks on the worker it was routed to."""
     caches = [KeptLRU(capacity_blocks) for _ in range(workers)]
     work = [0] * workers
