@@ -156,3 +156,14 @@ def test_an_unanswered_live_request_keeps_its_line() -> None:
     assert [x["status"] for x in lines] == ["429", "ok", "error"]
     assert lines[1]["ttft_s"] == 0.5 and lines[1]["worker_url"] == "http://w"
     assert lines[0]["ttft_s"] is None and lines[0]["worker"] is None
+
+
+def test_sweep_without_the_flag_writes_no_request_lines(tmp_path: Path, data: Path) -> None:
+    # the default: the tables only
+    path = data / "mooncake_conversation_head200.jsonl"
+    argv = ["sweep", "--trace", str(path), "--max-requests", "10", "--policies", "ttft",
+            "--max-output-tokens", "4", "--sim-workers", "1", "--speedup", "40",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["policies"]["ttft"]["requests"] == 10
+    assert not list(tmp_path.rglob("*.jsonl"))

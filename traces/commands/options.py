@@ -352,6 +352,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_requests_out_option(p: argparse.ArgumentParser) -> None:
+    """``--requests-out``, shared by ``simulate``, ``replay`` and ``sweep``."""
     p.add_argument(
         "--requests-out",
         default=None,

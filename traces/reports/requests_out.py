@@ -130,7 +130,7 @@ def live_request_lines(outcome: LiveRun, index: Sequence[int]) -> Iterator[dict[
             line["worker_url"] = outcome.served_by[line["worker"]]
             yield line
             continue
-        code = int(outcome.status[k]) if k < len(outcome.status) else 0
+        code = int(outcome.status[k])
         yield {
             "policy": run.name,
             "index": int(index[k]),
