@@ -73,3 +73,13 @@ def test_learned_rule_labels_from_what_the_router_saw(bench) -> None:
     # a label of "did not come back" after label_after seconds pulls the rate down
     keep = bench.learned(label_after=0.5, threshold=0.3)
     assert [keep(r) for r in trace][4] is False
+
+
+def test_main_with_its_defaults_prints_every_row(bench, data, capsys) -> None:
+    assert bench.main(["--trace", str(data / "mooncake_conversation_head200.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "8 workers x 1,000,000 tokens" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + 2 + 3 + 3  # header, lru and turn >= 2, 3 label times, the rest
+    hits = {r.split(" | ")[0][2:]: float(r.rstrip(" |").split(" | ")[1]) for r in rows[1:]}
+    assert hits["foresight"] <= hits["Belady's pooled ceiling"] + 1e-9
