@@ -6,6 +6,8 @@ Each healthy worker ``i`` is priced in seconds:
     ttft_i  = work_i / rate_i + (work_i / chunk_tokens + 1) * (step_s + seq_s * num_requests_i)
     share_i = share_weight * uncached_i / rate_i * num_requests_i * g(work_i / rate_i)
     evict_i = returning * displaced_i / rate_i * eviction_weight
+              (a hopeless request, see block_i: displaced_i not capped, and evict_i times
+               1 + share_weight * num_requests_i + block_weight * live_i)
     fill_i  = min(uncached_i, free_i) / rate_i * ending_i
               (free_i: what the last engine step of worker i's queued prefill has left
                of its chunk; ending_i: the queued requests whose prefill ends in that step)
@@ -29,13 +31,13 @@ Each healthy worker ``i`` is priced in seconds:
 Terms not defined above: ``pending_prefill_i`` the prefill booked on worker ``i`` and not yet
 answered, less what its oldest has had since it began; ``rate_i`` its learned prefill rate;
 ``displaced_i`` the KV of other sessions that this prompt pushes out; ``returning`` the share
-of turns that another follows; ``live_i`` the sessions seen there within ``live_s``. With a
-GPU cost profile ``ttft_i`` (and the request's own prefill in ``share_i``) is the worker's
-cost model. The rules on top of the costs: session affinity within ``affinity_margin`` plus
-``affinity_slack_s``; a new session among near-equal workers goes where fewest sessions
-live (balance); a LoRA request goes where its adapter is resident within
-``adapter_slack_s``. Why each term and rule is there, and what it measured:
-docs/ttft.md (the figures: docs/bench-history.md).
+of turns that another follows (1 until some session has returned); ``live_i`` the sessions
+seen there within ``live_s``. With a GPU cost profile ``ttft_i`` (and the request's own
+prefill in ``share_i``) is the worker's cost model. The rules on top of the costs: session
+affinity within ``affinity_margin`` plus ``affinity_slack_s``; a new session among
+near-equal workers goes where fewest sessions live (balance); a LoRA request goes where its
+adapter is resident within ``adapter_slack_s``. Why each term and rule is there, and what
+it measured: docs/ttft.md (the figures: docs/bench-history.md).
 
 Exact ties (an idle, cold fleet) go round-robin. Bindings live in a bounded LRU table. The
 picker reads the views only; the rate and the footprint are fed by the worker state's booking
@@ -90,6 +92,7 @@ SEQ_S = 0.00015
 LORA_LOAD_S = 0.05  # loading an adapter from host memory into a GPU slot (the sim worker's)
 ADAPTER_CHAIN = 10.0  # adapter_slack_s = ADAPTER_CHAIN * lora_load_s: a swap's chain of loads
 INF = float("inf")
+UNCAPPED = 1 << 62  # displace_cap_tokens for a hopeless request's evict_i
 HARMONIC = [0.0]
 for _k in range(1, 65):
     HARMONIC.append(HARMONIC[-1] + 1.0 / _k)  # H(k): the expected max of k exponentials
@@ -198,6 +201,13 @@ def evict_i(p: TtftParams, returning: float, pushed: float, rate: float, reload:
     tokens of other sessions, as likely to come back as ``returning``."""
     per_token = min(1.0 / rate, reload) if reload else 1.0 / rate
     return p.eviction_weight * returning * pushed * per_token
+
+
+def gather_i(p: TtftParams, n: int, live: int) -> float:
+    """What ``evict_i`` is multiplied by for a hopeless request: each session it pushes out
+    comes back as a cold prompt of its tokens, which delays the ``n`` requests in flight and
+    the ``live`` sessions there as ``share_i`` and ``block_i`` price this one's prefill."""
+    return 1.0 + p.share_weight * n + p.block_weight * live
 
 
 def wait_i(p: TtftParams, memory: float, decode: int, n: int) -> float:
@@ -365,7 +375,8 @@ class TTFTPicker:
         learned = learned_rates and first is not None and first.rate is not None
         costs, own_min = self._queue_costs(request, workers, hits, learned, loads)
         footprints = first is not None and first.footprint is not None
-        if footprints and hopeless(p, own_min):
+        gathering = footprints and hopeless(p, own_min)
+        if gathering:
             self._add_block(request, workers, hits, costs, learned)
         tracked = p.eviction_weight and footprints
         shadow = first is not None and first.blocks is not None
@@ -375,9 +386,11 @@ class TTFTPicker:
         if exact:
             for i, worker in enumerate(workers):
                 if costs[i] != INF:
-                    costs[i] += self._charge(request, workers, worker, i, hits[i], learned, memory)
+                    costs[i] += self._charge(
+                        request, workers, worker, i, hits[i], learned, memory, gathering
+                    )
         else:
-            self._add_charges(request, workers, hits, costs, keep, also, learned, memory)
+            self._add_charges(request, workers, hits, costs, keep, also, learned, memory, gathering)
         return costs
 
     def _queue_costs(
@@ -446,36 +459,39 @@ class TTFTPicker:
         also: Sequence[int],
         learned: bool,
         memory: float,
+        gathering: bool,
     ) -> None:
         """Add the KV charges where they can matter (``costs``' ``exact=False``), in place."""
-        charge = self._charge
+
+        def charge(i: int) -> float:
+            worker = workers[i]
+            return self._charge(request, workers, worker, i, hits[i], learned, memory, gathering)
+
         best_i = costs.index(min(costs))
         done = {best_i, keep}
-        best = costs[best_i] = costs[best_i] + charge(
-            request, workers, workers[best_i], best_i, hits[best_i], learned, memory
-        )
+        best = costs[best_i] = costs[best_i] + charge(best_i)
         if keep is not None and keep != best_i:
-            costs[keep] += charge(
-                request, workers, workers[keep], keep, hits[keep], learned, memory
-            )
+            costs[keep] += charge(keep)
             best = min(best, costs[keep])
-        for i, worker in enumerate(workers):
+        for i in range(len(workers)):
             if costs[i] <= best and i not in done:
                 done.add(i)
-                costs[i] += charge(request, workers, worker, i, hits[i], learned, memory)
+                costs[i] += charge(i)
                 if costs[i] < best:
                     best = costs[i]
         if also:  # the adapter's workers that the rule could still choose (charges only add)
             limit = best * (1.0 + self.params.adapter_margin) + self.params.adapter_slack_s
             for i in also:
                 if i not in done and costs[i] <= limit:
-                    costs[i] += charge(request, workers, workers[i], i, hits[i], learned, memory)
+                    costs[i] += charge(i)
 
     @property
     def return_rate(self) -> float:
         """The share of the turns so far that came from a session seen before: the chance a
-        warm session sends another turn (1 before any turn)."""
-        return self._returns / self._turns if self._turns else 1.0
+        warm session sends another turn. 1 until some session has returned: before that the
+        turns are all first turns (an opening burst of sessions reads 0), no reading of how
+        many come back."""
+        return self._returns / self._turns if self._returns else 1.0
 
     def _add_block(
         self,
@@ -510,8 +526,10 @@ class TTFTPicker:
         hit: int,
         learned: bool,
         memory: float,
+        gathering: bool = False,
     ) -> float:
-        """Worker ``i``'s KV charges: ``evict_i + wait_i``, in seconds."""
+        """Worker ``i``'s KV charges: ``evict_i + wait_i``, in seconds. ``gathering``: the
+        request is hopeless (``block_i`` applies)."""
         p = self.params
         length = request.input_length
         uncached = length - hit if length > hit else 0
@@ -533,13 +551,18 @@ class TTFTPicker:
                 uncached,
                 capacity,
                 now,
-                p.displace_cap_tokens,
+                UNCAPPED if gathering else p.displace_cap_tokens,
                 self.sessions.peek,
                 i,
             )
             # a session pushed out of a worker with a CPU tier reloads rather than recomputes
             reload = worker.kv_load_s_per_token if worker.tiered else 0.0
-            charge += evict_i(p, self.return_rate, pushed, rate, reload)
+            evict = evict_i(p, self.return_rate, pushed, rate, reload)
+            if gathering and evict:
+                home_of, since = self.sessions.peek, now - p.live_s
+                live = footprint.live_sessions(request.session_id, since, home_of, i, LIVE_LIMIT)
+                evict *= gather_i(p, worker.num_requests, live)
+            charge += evict
         n = worker.num_requests
         if memory and n:
             blocks = worker.blocks

@@ -201,6 +201,31 @@ def test_a_long_cold_prefill_goes_where_fewest_live_sessions_would_queue_behind_
     )
 
 
+def test_a_hopeless_prompt_does_not_gather_where_it_pushes_out_a_live_session(request_for):
+    """A long prompt cold everywhere goes where few sessions live (block_i), unless it would
+    push one out there: that session comes back as a cold prompt of all its tokens (not the
+    cap) and delays the sessions there as this one would."""
+    a, b = _state("a", 262_144), _state("b", 262_144)
+    a.footprint.touch("whale", 200_000, now=90.0)
+    for session in ("x", "y", "z"):
+        b.footprint.touch(session, 1000, now=90.0)
+    req = request_for(tuple(range(1, 201)), session="new")  # 102,400 tokens: 6.8 s
+    picker = TTFTPicker()
+    kept = TTFTPicker(eviction_weight=0.0).costs(req, [a, b], [0, 0])
+    costs = picker.costs(req, [a, b], [0, 0])
+    assert kept[1] - kept[0] == pytest.approx(2 * 102_400 / RATE)  # live: 3 against 1
+    # 200,000 + 102,400 tokens exceed a's 262,144: the whale is pushed out. No session has
+    # returned yet (return rate 1); it delays itself and the one session live there (x2)
+    assert costs[0] - kept[0] == pytest.approx(2 * 200_000 / RATE)
+    assert costs[1] == pytest.approx(kept[1])
+    assert picker.pick(req, [a, b]).worker == 1
+    # a short prompt pushing the whale out pays the capped charge, unscaled
+    short = request_for(tuple(range(1, 131)), session="new")  # 66,560 tokens: 4.4 s
+    assert TTFTPicker(hopeless_s=10.0).costs(short, [a], [0])[0] - TTFTPicker(
+        hopeless_s=10.0, eviction_weight=0.0
+    ).costs(short, [a], [0])[0] == pytest.approx(40_000 / RATE)
+
+
 def test_no_block_charge_where_the_request_is_warm_somewhere(request_for):
     # the same long prompt, cached on worker 0: its best own prefill is short, so it is
     # placed for its own TTFT and keeps its cache, live sessions or not
@@ -454,7 +479,10 @@ def test_a_session_pushed_out_is_charged_by_the_chance_that_it_comes_back(reques
     free.footprint.touch("z", 0, now=11.0)
     picker = TTFTPicker()
     assert picker.return_rate == 1.0  # before any turn: every warm session comes back
-    for session in ("a", "b", "a", "c"):  # four turns, one of a session seen before
+    for session in ("a", "b"):  # an opening burst of first turns is no reading yet
+        picker.pick(request_for((50, 51), session=session), [_state("w", 1 << 22)])
+    assert picker.return_rate == 1.0
+    for session in ("a", "c"):  # four turns, one of a session seen before
         picker.pick(request_for((50, 51), session=session), [_state("w", 1 << 22)])
     assert picker.return_rate == pytest.approx(0.25)
     req = request_for((1, 2, 3, 4), session="new")
