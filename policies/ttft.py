@@ -526,7 +526,7 @@ class TTFTPicker:
         hit: int,
         learned: bool,
         memory: float,
-        gathering: bool = False,
+        gathering: bool,
     ) -> float:
         """Worker ``i``'s KV charges: ``evict_i + wait_i``, in seconds. ``gathering``: the
         request is hopeless (``block_i`` applies)."""
