@@ -375,9 +375,12 @@ class TTFTPicker:
         learned = learned_rates and first is not None and first.rate is not None
         costs, own_min = self._queue_costs(request, workers, hits, learned, loads)
         footprints = first is not None and first.footprint is not None
-        gathering = footprints and hopeless(p, own_min)
-        if gathering:
+        # a hopeless request: the sessions live on each worker (block_i, gather_i), else None
+        live = (
             self._add_block(request, workers, hits, costs, learned)
+            if footprints and hopeless(p, own_min)
+            else None
+        )
         tracked = p.eviction_weight and footprints
         shadow = first is not None and first.blocks is not None
         memory = p.memory_weight if shadow else 0.0
@@ -387,10 +390,10 @@ class TTFTPicker:
             for i, worker in enumerate(workers):
                 if costs[i] != INF:
                     costs[i] += self._charge(
-                        request, workers, worker, i, hits[i], learned, memory, gathering
+                        request, workers, worker, i, hits[i], learned, memory, live
                     )
         else:
-            self._add_charges(request, workers, hits, costs, keep, also, learned, memory, gathering)
+            self._add_charges(request, workers, hits, costs, keep, also, learned, memory, live)
         return costs
 
     def _queue_costs(
@@ -459,13 +462,13 @@ class TTFTPicker:
         also: Sequence[int],
         learned: bool,
         memory: float,
-        gathering: bool,
+        live: Sequence[int] | None,
     ) -> None:
         """Add the KV charges where they can matter (``costs``' ``exact=False``), in place."""
 
         def charge(i: int) -> float:
             worker = workers[i]
-            return self._charge(request, workers, worker, i, hits[i], learned, memory, gathering)
+            return self._charge(request, workers, worker, i, hits[i], learned, memory, live)
 
         best_i = costs.index(min(costs))
         done = {best_i, keep}
@@ -500,22 +503,25 @@ class TTFTPicker:
         hits: Sequence[int],
         costs: list[float],
         learned: bool,
-    ) -> None:
+    ) -> list[int]:
         """Add ``block_i`` to ``costs`` in place: the request's own prefill on worker ``i``
         times the sessions live there (seen within ``live_s``, not bound elsewhere), who
-        will queue behind it when their next turn comes."""
+        will queue behind it when their next turn comes. Returns those counts per worker
+        (0 for unhealthy ones)."""
         p = self.params
         length = request.input_length
         since = max(w.footprint.clock for w in workers) - p.live_s
         home_of, sid = self.sessions.peek, request.session_id
+        counts = [0] * len(workers)
         for i, worker in enumerate(workers):
             if costs[i] == INF:
                 continue
-            live = worker.footprint.live_sessions(sid, since, home_of, i, LIVE_LIMIT)
+            live = counts[i] = worker.footprint.live_sessions(sid, since, home_of, i, LIVE_LIMIT)
             if live:
                 hit = hits[i]
                 rate = worker.rate.tokens_per_s if learned else p.prefill_tokens_per_s
                 costs[i] += block_i(p, length - hit if length > hit else 0, rate, live)
+        return counts
 
     def _charge(
         self,
@@ -526,10 +532,10 @@ class TTFTPicker:
         hit: int,
         learned: bool,
         memory: float,
-        gathering: bool,
+        live: Sequence[int] | None,
     ) -> float:
-        """Worker ``i``'s KV charges: ``evict_i + wait_i``, in seconds. ``gathering``: the
-        request is hopeless (``block_i`` applies)."""
+        """Worker ``i``'s KV charges: ``evict_i + wait_i``, in seconds. ``live``: for a
+        hopeless request (``block_i`` applies), the sessions live on each worker; else None."""
         p = self.params
         length = request.input_length
         uncached = length - hit if length > hit else 0
@@ -551,17 +557,15 @@ class TTFTPicker:
                 uncached,
                 capacity,
                 now,
-                UNCAPPED if gathering else p.displace_cap_tokens,
+                UNCAPPED if live is not None else p.displace_cap_tokens,
                 self.sessions.peek,
                 i,
             )
             # a session pushed out of a worker with a CPU tier reloads rather than recomputes
             reload = worker.kv_load_s_per_token if worker.tiered else 0.0
             evict = evict_i(p, self.return_rate, pushed, rate, reload)
-            if gathering and evict:
-                home_of, since = self.sessions.peek, now - p.live_s
-                live = footprint.live_sessions(request.session_id, since, home_of, i, LIVE_LIMIT)
-                evict *= gather_i(p, worker.num_requests, live)
+            if live is not None and evict:
+                evict *= gather_i(p, worker.num_requests, live[i])
             charge += evict
         n = worker.num_requests
         if memory and n:
