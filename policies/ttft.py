@@ -72,7 +72,7 @@ from policies.hits import UNHEALTHY, estimate_tier_hits
 from policies.sessions import DEFAULT_MAX_SESSIONS, SessionTable
 from policies.tiebreak import RoundRobinCounter
 from router.cache.lora import AdapterSlots
-from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
+from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S, UNCAPPED
 
 AFFINITY_MARGIN = 0.5
 AFFINITY_SLACK_S = 0.05
@@ -92,7 +92,6 @@ SEQ_S = 0.00015
 LORA_LOAD_S = 0.05  # loading an adapter from host memory into a GPU slot (the sim worker's)
 ADAPTER_CHAIN = 10.0  # adapter_slack_s = ADAPTER_CHAIN * lora_load_s: a swap's chain of loads
 INF = float("inf")
-UNCAPPED = 1 << 62  # displace_cap_tokens for a hopeless request's evict_i
 HARMONIC = [0.0]
 for _k in range(1, 65):
     HARMONIC.append(HARMONIC[-1] + 1.0 / _k)  # H(k): the expected max of k exponentials

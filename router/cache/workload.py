@@ -76,6 +76,10 @@ class PrefillRate:
         self.samples += 1
 
 
+UNCAPPED = 1 << 62
+"""A displacement cap that caps nothing (``SessionFootprint.displaced``'s default)."""
+
+
 class SessionFootprint:
     """Sessions warm on one worker: tokens each holds there, summed over a time horizon."""
 
@@ -111,7 +115,7 @@ class SessionFootprint:
         self,
         session_id: str | None,
         tokens: int,
-        cap: int = 1 << 62,
+        cap: int = UNCAPPED,
         home_of: Callable[[str], int | None] | None = None,
         here: int = -1,
         skip: int = 0,
@@ -158,7 +162,7 @@ class SessionFootprint:
         uncached: int,
         capacity: int,
         now: float,
-        cap: int = 1 << 62,
+        cap: int = UNCAPPED,
         home_of: Callable[[str], int | None] | None = None,
         here: int = -1,
     ) -> int:
