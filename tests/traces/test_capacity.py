@@ -6,6 +6,7 @@ import json
 import math
 import socket
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -33,14 +34,34 @@ def holds(metrics: dict) -> bool:
 
 
 def test_monotone_curve() -> None:
-    """p90 = load: up the grid 1, 1.5, 2.25 (fails), one point above it, then bisection to
-    within 3% of 2."""
+    """p90 = load: up the grid 1, 1.5, 2.25 (fails), one point above it, bisection to within
+    3% of 2, then the step below the capacity filled in to 3%."""
     evaluate, asked = curve(lambda load: load)
     result = search_capacity(evaluate, holds, Grid())
     assert asked[:4] == [1.0, 1.5, 2.25, 3.375]
     assert result.monotone and not result.censored and result.holds_again is None
     assert result.capacity <= 2.0 < result.first_fail <= result.capacity * 1.03
-    assert len(asked) == len(set(asked)) <= 9
+    assert len(asked) == len(set(asked)) <= 18
+    below = sorted(x for x in asked if result.capacity / 1.5 <= x <= result.capacity)
+    assert max(b / a for a, b in pairwise(below)) <= 1.03
+    # bisection alone: the points the search took before the fill-in
+    evaluate, bisected = curve(lambda load: load)
+    assert search_capacity(evaluate, holds, Grid(verify=False)).capacity == result.capacity
+    assert len(bisected) <= 9
+
+
+def test_a_failure_between_two_loads_that_hold_is_found() -> None:
+    """Near a knee a tail percentile can fail in a pocket below loads that hold (a burst
+    that lands differently): the fill-in finds it, bisection alone steps over it."""
+    pocket = lambda load: 5.0 if 1.60 <= load < 1.66 or load >= 2 else 1.0  # noqa: E731
+    evaluate, _ = curve(pocket)
+    bisected = search_capacity(evaluate, holds, Grid(verify=False))
+    assert bisected.capacity > 1.9 and bisected.monotone  # the pocket unseen
+    evaluate, _ = curve(pocket)
+    result = search_capacity(evaluate, holds, Grid())
+    assert result.capacity < 1.60 <= result.first_fail < 1.66
+    assert result.first_fail <= result.capacity * 1.03
+    assert not result.monotone and result.holds_again > 1.66
 
 
 def test_non_monotone_curve_is_reported() -> None:
@@ -149,6 +170,8 @@ def test_capacity_command_as_shipped(tmp_path: Path, data: Path) -> None:
     assert main(["capacity", "--trace", trace, "--policies", "ttft", "--out", str(out)]) == 0
     document = json.loads((out / "capacity.json").read_text())
     assert document["slos"] == ["ttft_p90=2"]
+    assert (document["fleet"]["shadow"], document["fleet"]["kv_events"]) == ("blocks", False)
+    assert "the router reading its blocks shadow" in (out / "capacity.md").read_text()
     ttft = document["policies"]["ttft"]
     at = next(p for p in ttft["curve"] if p["load"] == ttft["capacity"])
     assert at["holds"] and at["ttft_p90"] <= 2
@@ -159,6 +182,20 @@ def test_capacity_command_as_shipped(tmp_path: Path, data: Path) -> None:
     assert document["bounds"]["ttft_fleet_p90"] <= at["ttft_p90"]
     assert document["slos_below_bound"] == []
     assert (out / "capacity_ttft_p90.png").stat().st_size > 0
+
+
+def test_capacity_in_precise_mode_says_so(tmp_path: Path, data: Path) -> None:
+    """``--kv-events``: the document and its paragraph name the router's view, so a reading
+    in precise mode is not taken for one with the default shadow."""
+    out = tmp_path / "cap"
+    trace = str(data / "mooncake_conversation_head200.jsonl")
+    argv = ["capacity", "--trace", trace, "--policies", "ttft", "--kv-events", "--no-plots",
+            "--grid-factor", "2", "--tolerance", "0.2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    document = json.loads((out / "capacity.json").read_text())
+    assert document["fleet"]["kv_events"] is True
+    assert "the router reading the workers' KV events" in (out / "capacity.md").read_text()
+    assert document["policies"]["ttft"]["capacity"] > 0
 
 
 def test_capacity_command_errors(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:

@@ -384,7 +384,10 @@ def grid_from_args(args: argparse.Namespace, bounds: Bounds) -> Grid:
         ceiling = bounds.load_ceiling
         top = max(args.start_load, 2 * ceiling) if np.isfinite(ceiling) else 64 * args.start_load
     bottom = args.min_load if args.min_load is not None else args.start_load / args.grid_factor**8
-    return Grid(args.start_load, args.grid_factor, bottom, top, args.tolerance, args.above)
+    return Grid(
+        args.start_load, args.grid_factor, bottom, top, args.tolerance, args.above,
+        verify=not getattr(args, "no_verify", False),
+    )  # fmt: skip
 
 
 def _slo(text: str) -> SLO:
@@ -469,6 +472,12 @@ def add_capacity_options(p: argparse.ArgumentParser) -> None:
         type=POSITIVE,
         default=Grid.tolerance,
         help="bisect until the first failure is this close to the capacity",
+    )
+    g.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="bisection only: do not fill in the grid step below the capacity (a load "
+        "between two that hold may fail unseen; fewer runs)",
     )
     g.add_argument(
         "--above",

@@ -264,7 +264,8 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
         {"workers": config.fleet_size, "kv_capacity_tokens": config.worker.kv_capacity_tokens,
          "prefill_tokens_per_s": config.worker.prefill_tokens_per_s, "pacing": config.pacing,
          "mode": mode, "jobs": args.jobs, "gpu_profile": profile_arg(config.worker.profile),
-         "cost_profile": profile_arg(config.cost_profile)},
+         "cost_profile": profile_arg(config.cost_profile), "shadow": config.shadow,
+         "kv_events": config.kv_events},
         time.perf_counter() - started,
     )  # fmt: skip
     written = write_capacity(document, out, plots)

@@ -153,8 +153,9 @@ def describe(document: Mapping[str, Any]) -> str:
     return (
         f"{t['name']}: {t['requests']} requests over {t['span_seconds']:.0f} s; "
         f"{f['workers']} workers, KV {f['kv_capacity_tokens']:,} tokens each, {f['pacing']} "
-        f"pacing, {f['mode']}; SLOs {', '.join(document['slos'])}. Capacity: the highest "
-        f"trace speedup at which every SLO holds (below the first that fails). bound: the "
+        f"pacing, {f['mode']}, the router reading {_view(f)}; SLOs "
+        f"{', '.join(document['slos'])}. Capacity: the highest trace speedup at which every "
+        f"SLO holds (below the first that fails{_filled(document)}). bound: the "
         f"load ceiling (the fleet's prefill rate filled at the hit ceiling, Belady on the "
         f"pooled {b['pooled_kv_tokens']:,} KV tokens: {b['hit_ceiling']:.1%}); TTFT floors "
         f"p50/p90/p99 {b['ttft_p50']:.3f}/{b['ttft_p90']:.3f}/{b['ttft_p99']:.3f} s, with "
@@ -162,6 +163,21 @@ def describe(document: Mapping[str, Any]) -> str:
         f"{b['ttft_fleet_p50']:.3f}/{b['ttft_fleet_p90']:.3f}/{b['ttft_fleet_p99']:.3f} s."
         + _below(document.get("slos_below_bound", []))
     )
+
+
+def _filled(document: Mapping[str, Any]) -> str:
+    """How densely the loads below the capacity were tried (the search's fill-in)."""
+    grid = document.get("grid", {})
+    if not grid.get("verify"):
+        return "; bisection only"
+    return f"; every load in the grid step below it tried, at most {grid['tolerance']:.0%} apart"
+
+
+def _view(fleet: Mapping[str, Any]) -> str:
+    """What the router knows of the workers' caches (documents before the keys: a shadow)."""
+    if fleet.get("kv_events"):
+        return "the workers' KV events"
+    return f"its {fleet.get('shadow', 'blocks')} shadow"
 
 
 def _below(slos: Sequence[str]) -> str:

@@ -4,7 +4,11 @@ The search is a pure function of an ``evaluate(load) -> metrics`` callable (the 
 a live sweep's, or a test's fake curve): a coarse geometric grid from ``start`` (up while the
 SLOs hold, down while they fail), one or more grid points above the first failure (to see
 whether they hold again), then bisection (geometric) between the highest load that holds
-below the first failure and that failure, until the two are within ``tolerance``.
+below the first failure and that failure, until the two are within ``tolerance``. Then
+(``verify``, the default) the coarse step below the capacity is filled in until no two
+evaluated loads there are more than ``tolerance`` apart: a tail percentile near a knee can
+fail at a load between two that hold (a burst that lands differently), which bisection alone
+steps over; a failure found there is the new first failure and the search goes on below it.
 
 Capacity is the last load where the SLOs hold below the lowest load where they fail. A
 latency percentile need not be monotone in load (a burst that lands differently, a policy
@@ -18,6 +22,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from router.validation import SECONDS
 
@@ -80,6 +85,7 @@ class Grid:
     max_load: float = 64.0  # ...and no higher
     tolerance: float = 0.03  # bisect until first failure / capacity <= 1 + tolerance
     above: int = 1  # grid points evaluated above the first failure (monotonicity check)
+    verify: bool = True  # fill in the coarse step below the capacity (module docstring)
 
     def __post_init__(self) -> None:
         if not (self.factor > 1 and self.tolerance > 0 and self.above >= 0):
@@ -140,7 +146,7 @@ def search_capacity(
     grid: Grid | None = None,
     on_point: Callable[[Point], None] | None = None,
     flat: Callable[[Metrics, Metrics], bool] | None = None,
-    max_bisections: int = 30,
+    max_probes: int = 60,
 ) -> Capacity:
     """The capacity of whatever ``evaluate`` measures, ``holds`` judging each load's metrics
     (module docstring). ``on_point`` sees each point as it is evaluated (progress);
@@ -182,10 +188,27 @@ def search_capacity(
                 break
             load = min(load * grid.factor, grid.max_load)
             probe(load)
-    for _ in range(max_bisections):
+    for _ in range(max_probes):
         result = summarize(points)
         low, high = result.capacity, result.first_fail
-        if low is None or high is None or high <= low * (1 + grid.tolerance):
+        if low is None or high is None:
             break
-        probe(math.sqrt(low * high))
+        if high > low * (1 + grid.tolerance):
+            probe(math.sqrt(low * high))
+        elif not grid.verify or not _fill_below(low, grid, points, probe):
+            break
     return summarize(points)
+
+
+def _fill_below(
+    capacity: float, grid: Grid, points: Sequence[Point], probe: Callable[[float], Point]
+) -> bool:
+    """Evaluate the middle of the widest gap between evaluated loads in the coarse step below
+    ``capacity``, when it is wider than ``tolerance``; False when there is none."""
+    loads = sorted({p.load for p in points if capacity / grid.factor <= p.load <= capacity})
+    gaps = [(high / low, low, high) for low, high in pairwise(loads)]
+    ratio, low, high = max(gaps, default=(1.0, 0.0, 0.0))
+    if ratio <= 1 + grid.tolerance:
+        return False
+    probe(math.sqrt(low * high))
+    return True
