@@ -5,10 +5,11 @@ a live sweep's, or a test's fake curve): a coarse geometric grid from ``start`` 
 SLOs hold, down while they fail), one or more grid points above the first failure (to see
 whether they hold again), then bisection (geometric) between the highest load that holds
 below the first failure and that failure, until the two are within ``tolerance``. Then
-(``verify``, the default) the coarse step below the capacity is filled in until no two
-evaluated loads there are more than ``tolerance`` apart: a tail percentile near a knee can
-fail at a load between two that hold (a burst that lands differently), which bisection alone
-steps over; a failure found there is the new first failure and the search goes on below it.
+(``verify``, the default) the grid step below the capacity (``capacity / factor`` up to it)
+is filled in, evenly, until no two evaluated loads there are more than ``tolerance`` apart:
+a tail percentile near a knee can fail at a load between two that hold (a burst that lands
+differently), which bisection alone steps over; a failure found there is the new first
+failure and the search goes on below it.
 
 Capacity is the last load where the SLOs hold below the lowest load where they fail. A
 latency percentile need not be monotone in load (a burst that lands differently, a policy
@@ -203,12 +204,17 @@ def search_capacity(
 def _fill_below(
     capacity: float, grid: Grid, points: Sequence[Point], probe: Callable[[float], Point]
 ) -> bool:
-    """Evaluate the middle of the widest gap between evaluated loads in the coarse step below
-    ``capacity``, when it is wider than ``tolerance``; False when there is none."""
-    loads = sorted({p.load for p in points if capacity / grid.factor <= p.load <= capacity})
-    gaps = [(high / low, low, high) for low, high in pairwise(loads)]
-    ratio, low, high = max(gaps, default=(1.0, 0.0, 0.0))
+    """Evaluate one more load in the grid step below ``capacity``: its bottom when nothing
+    was evaluated within ``tolerance`` above it, else the middle of the widest gap between
+    evaluated loads there when it is wider than ``tolerance``; False when there is none."""
+    bottom = max(capacity / grid.factor, grid.min_load)
+    loads = sorted({p.load for p in points if bottom <= p.load <= capacity})
+    if loads[0] > bottom * (1 + grid.tolerance):
+        probe(bottom)
+        return True
+    ratio, low = max(((high / low, low) for low, high in pairwise(loads)), default=(1.0, 0.0))
     if ratio <= 1 + grid.tolerance:
         return False
-    probe(math.sqrt(low * high))
+    # the first of the fewest evenly spaced loads that leave no gap wider than tolerance
+    probe(low * ratio ** (1 / math.ceil(math.log(ratio) / math.log1p(grid.tolerance))))
     return True
