@@ -76,6 +76,18 @@ def test_non_monotone_curve_is_reported() -> None:
     assert result.capacity < 2.0 <= result.first_fail <= result.capacity * 1.03
 
 
+def test_a_failure_at_the_bottom_of_the_step_sends_the_search_down_again() -> None:
+    """The fill-in's first load, a grid step below the capacity bisection read, fails and
+    nothing evaluated below it holds (the search came down the grid to 2): it walks down the
+    grid again and reads the capacity below that failure, not none."""
+    p90 = lambda load: 5.0 if 1.40 <= load < 1.50 or load >= 2.2 else 1.0  # noqa: E731
+    evaluate, asked = curve(p90)
+    result = search_capacity(evaluate, holds, Grid(start=3.0))
+    assert asked[:2] == [3.0, 2.0]
+    assert result.capacity is not None and result.capacity < 1.40 <= result.first_fail < 1.50
+    assert result.first_fail <= result.capacity * 1.03 and not result.monotone
+
+
 def test_down_the_grid_when_the_start_fails() -> None:
     evaluate, asked = curve(lambda load: load * 10)  # holds below 0.2
     result = search_capacity(evaluate, holds, Grid())

@@ -189,15 +189,21 @@ def search_capacity(
                 break
             load = min(load * grid.factor, grid.max_load)
             probe(load)
+    filled = False  # the fill-in has run: a failure it found may leave nothing held below
     for _ in range(max_probes):
         result = summarize(points)
         low, high = result.capacity, result.first_fail
+        if low is None and filled and high is not None and high > grid.min_load:
+            probe(max(high / grid.factor, grid.min_load))  # down the grid again
+            continue
         if low is None or high is None:
             break
         if high > low * (1 + grid.tolerance):
             probe(math.sqrt(low * high))
         elif not grid.verify or not _fill_below(low, grid, points, probe):
             break
+        else:
+            filled = True
     return summarize(points)
 
 
