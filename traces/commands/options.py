@@ -471,7 +471,8 @@ def add_capacity_options(p: argparse.ArgumentParser) -> None:
         "--tolerance",
         type=POSITIVE,
         default=Grid.tolerance,
-        help="bisect until the first failure is this close to the capacity",
+        help="bisect until the first failure is this close to the capacity; the loads "
+        "tried in the grid step below it are at most this far apart",
     )
     g.add_argument(
         "--no-verify",

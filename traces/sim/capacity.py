@@ -86,7 +86,7 @@ class Grid:
     max_load: float = 64.0  # ...and no higher
     tolerance: float = 0.03  # bisect until first failure / capacity <= 1 + tolerance
     above: int = 1  # grid points evaluated above the first failure (monotonicity check)
-    verify: bool = True  # fill in the coarse step below the capacity (module docstring)
+    verify: bool = True  # fill in the grid step below the capacity (module docstring)
 
     def __post_init__(self) -> None:
         if not (self.factor > 1 and self.tolerance > 0 and self.above >= 0):
@@ -211,8 +211,9 @@ def _fill_below(
     capacity: float, grid: Grid, points: Sequence[Point], probe: Callable[[float], Point]
 ) -> bool:
     """Evaluate one more load in the grid step below ``capacity``: its bottom when nothing
-    was evaluated within ``tolerance`` above it, else the middle of the widest gap between
-    evaluated loads there when it is wider than ``tolerance``; False when there is none."""
+    was evaluated within ``tolerance`` above it, else, in the widest gap between evaluated
+    loads there when it is wider than ``tolerance``, the first of the fewest evenly spaced
+    loads that close it; False when there is none."""
     bottom = max(capacity / grid.factor, grid.min_load)
     loads = sorted({p.load for p in points if bottom <= p.load <= capacity})
     if loads[0] > bottom * (1 + grid.tolerance):
@@ -221,6 +222,5 @@ def _fill_below(
     ratio, low = max(((high / low, low) for low, high in pairwise(loads)), default=(1.0, 0.0))
     if ratio <= 1 + grid.tolerance:
         return False
-    # the first of the fewest evenly spaced loads that leave no gap wider than tolerance
     probe(low * ratio ** (1 / math.ceil(math.log(ratio) / math.log1p(grid.tolerance))))
     return True
