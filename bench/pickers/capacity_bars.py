@@ -66,7 +66,11 @@ def capacity_bar(capacity: dict[str, float | None]) -> tuple[str, float]:
 
 
 def _run(argv: list[str]) -> None:
-    subprocess.run([sys.executable, "-m", "router.cli", *argv], check=True, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "router.cli", *argv], capture_output=True, text=True, check=False
+    )
+    if done.returncode:
+        raise SystemExit(f"cache-router {' '.join(argv)}: exit {done.returncode}\n{done.stderr}")
 
 
 def run_cell(name: str, work: Path, extra: list[str], jobs: int) -> dict:
