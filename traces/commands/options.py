@@ -386,7 +386,7 @@ def grid_from_args(args: argparse.Namespace, bounds: Bounds) -> Grid:
     bottom = args.min_load if args.min_load is not None else args.start_load / args.grid_factor**8
     return Grid(
         args.start_load, args.grid_factor, bottom, top, args.tolerance, args.above,
-        verify=not getattr(args, "no_verify", False),
+        verify=not args.no_verify,
     )  # fmt: skip
 
 
