@@ -302,11 +302,19 @@ class RadixTree:
             lst = self._lists[segment] = _NodeList()
         return lst
 
-    def _touch(self, node: TreeNode) -> None:
-        """Count an access of the chain ending at ``node``; root-side ends up most recent."""
+    def refresh(self, node: TreeNode) -> None:
+        """Make the chain ending at ``node`` most recent without counting a hit: SGLang's
+        ``cache_finished_req`` re-inserts a finished request's tokens, which refreshes
+        their access time (vLLM frees a finished request's blocks to its free queue's
+        tail alike), so a cache is evicted in order of last *use*, not of admission."""
+        self._touch(node, hit=False)
+
+    def _touch(self, node: TreeNode, hit: bool = True) -> None:
+        """Count an access of the chain ending at ``node`` (a hit, unless ``hit`` is False);
+        root-side ends up most recent."""
         policy = self.policy
         while node is not self.root:
-            node.hit_count += 1
+            node.hit_count += hit
             segment = policy.segment(node)
             if policy.touch_on_access or segment != node.segment:
                 old = self._lists[node.segment]

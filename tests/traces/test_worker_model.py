@@ -79,6 +79,19 @@ def test_waits_for_memory_held_by_running_requests():
     assert d.model.cache.total_tokens <= 2 * 4  # a's blocks were evicted for b
 
 
+def test_eviction_follows_the_last_use_not_the_admission():
+    """As the engines evict: a prompt admitted first but used until later (a long answer)
+    outlives one admitted after it that finished first."""
+    d = Driver(CFG)
+    long_answer, short_answer = tuple(range(1, 7)), tuple(range(11, 17))
+    d.run([(0.0, req("a", long_answer, 512 * 6, 200)), (0.0, req("b", short_answer, 512 * 6, 1))])
+    assert d.done["b"] < d.done["a"]
+    # c needs 10 of the 20 blocks, 12 of which a and b hold: one of their prompts goes
+    d.run([(100.0, req("c", tuple(range(21, 31)), 512 * 10, 1))])
+    assert d.model.cached_prefix_blocks(long_answer) == 6
+    assert d.model.cached_prefix_blocks(short_answer) == 0
+
+
 def test_oversized_request_runs_alone():
     d = Driver(CFG)
     d.run([(0.0, req("big", tuple(range(30)), 512 * 30, 1))])

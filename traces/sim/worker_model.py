@@ -26,7 +26,9 @@ One engine step (vLLM / SGLang style, all numbers configurable, defaults are ass
   compute covers the weight reads a decode-only step waits for). CPU-tier loads move at
   the profile's measured copy rate for their pieces.
 - A request's first token comes at the end of the step that finishes its prefill; its blocks
-  stay cached, unlocked, after it finishes, until evicted.
+  stay cached, unlocked, after it finishes, until evicted. Its finish counts as a use of its
+  prompt's blocks (SGLang re-inserts a finished request's tokens, vLLM frees its blocks to
+  the free queue's tail), so eviction follows the last use, not the admission.
 
 Defaults describe one plausible deployment: an 8B-class model on one 80 GB GPU, about 15k
 prefill tokens/s, decode steps of 12 ms plus 0.15 ms per running sequence (about 14 ms at 16
@@ -643,6 +645,7 @@ class WorkerModel:
                 del self.lora_running[adapter]
             self.loras.move_to_end(adapter)  # last used now
         if req.node is not None:
+            self.cache.refresh(req.node)  # last used now, as the engines order eviction
             self.cache.dec_lock_ref(req.node)
             req.node = None
         self.stats.finished += 1
