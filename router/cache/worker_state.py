@@ -433,6 +433,7 @@ class Booking:
         worker.held_tokens -= self.input_length + self.decode_tokens
         worker.blocks.release(self.blocks)
         if self.radix_node is not None and worker.radix is not None:
+            worker.radix.refresh(self.radix_node)  # used until now, as SGLang counts it
             worker.radix.dec_lock_ref(self.radix_node)
         if self.kv_keys and worker.kv_index is not None:
             worker.kv_index.unpin(self.kv_keys)

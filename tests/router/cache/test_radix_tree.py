@@ -276,6 +276,16 @@ def test_capacity_evicts_lru_first_and_cascades():
     assert t.prefix_length([1, 1, 1]) == 3 and t.prefix_length([2, 2, 2]) == 0
 
 
+def test_refresh_makes_a_chain_most_recent_without_counting_a_hit():
+    t = RadixTree(capacity_tokens=6)
+    node = t.insert([1, 1, 1]).node
+    t.insert([2, 2, 2])
+    t.refresh(node)  # a finished request's path, as SGLang's cache_finished_req touches it
+    assert node.hit_count == 0
+    t.insert([3, 3, 3])
+    assert t.prefix_length([1, 1, 1]) == 3 and t.prefix_length([2, 2, 2]) == 0
+
+
 def test_insert_with_lock_survives_its_own_capacity_pressure():
     t = RadixTree(capacity_tokens=4)
     t.insert([9, 9, 9, 9])

@@ -51,6 +51,20 @@ def test_shadow_choice_decides_the_estimate_and_both_are_scored():
     booking.finish()
 
 
+@pytest.mark.parametrize("shadow", ["blocks", "radix"])
+def test_both_shadows_evict_in_order_of_last_use(shadow: str):
+    """As the engines: a prompt booked first but finished last outlives one booked after
+    it that finished first (vLLM frees blocks at finish, SGLang re-inserts them)."""
+    w = WorkerState("w0", BlockLRU(4, 4), RadixTree(capacity_tokens=16), shadow=shadow)
+    long_answer, short_answer = request(list(range(8))), request(list(range(100, 108)))
+    first, second = w.book(long_answer), w.book(short_answer)
+    second.finish()
+    first.finish()
+    w.book(request(list(range(200, 208)))).finish()  # room for it: one prompt goes
+    assert w.estimate_cache_hit(long_answer.blocks, long_answer.tokens) == 8
+    assert w.estimate_cache_hit(short_answer.blocks, short_answer.tokens) == 0
+
+
 def test_unknown_shadow_is_rejected():
     with pytest.raises(ValueError):
         WorkerState("w", BlockLRU(1), shadow="bloom")
