@@ -19,6 +19,7 @@ import json
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 PEERS = ("llmd", "llmd_precise", "dynamo", "smg", "aibrix")
@@ -73,7 +74,9 @@ def _run(argv: list[str]) -> None:
         raise SystemExit(f"cache-router {' '.join(argv)}: exit {done.returncode}\n{done.stderr}")
 
 
-def run_cell(name: str, work: Path, extra: list[str], jobs: int) -> dict:
+def run_cell(
+    name: str, work: Path, extra: list[str], jobs: int, capacity_extra: Sequence[str] = ()
+) -> dict:
     trace, workers, kv, slo = CELLS[name]
     if trace == "WEKA_FIT":
         trace = str(weka_fit_dir(work))
@@ -82,13 +85,14 @@ def run_cell(name: str, work: Path, extra: list[str], jobs: int) -> dict:
     quiet = ["--no-plots", "--no-hit-gap", *extra]
     out = work / name
     _run(["capacity", *fleet, "--slo", slo, "--policies", policies, "--jobs", str(jobs),
-          *quiet, "--out", str(out / "capacity")])  # fmt: skip
+          *quiet, *capacity_extra, "--out", str(out / "capacity")])  # fmt: skip
     doc = json.loads((out / "capacity" / "capacity.json").read_text())
     capacity = {p: doc["policies"][p]["capacity"] for p in ("ttft", *PEERS)}
     best, ratio = capacity_bar(capacity)
     cell = {
         "trace": trace, "workers": workers, "kv_capacity_tokens": kv, "slo": slo,
-        "extra": extra, "capacity": capacity, "best_peer": best,
+        "extra": extra, "capacity_extra": list(capacity_extra), "capacity": capacity,
+        "best_peer": best,
         "ttft_over_best_peer": ratio, "capacity_bar_met": ratio >= CAPACITY_BAR, "curve": [],
     }  # fmt: skip
     base = capacity["ttft"]
@@ -131,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", nargs="+", choices=sorted(CELLS), default=list(CELLS)[:4])
     parser.add_argument("--extra", default="", help="flags for every run: --extra=--kv-events")
+    parser.add_argument(
+        "--capacity-extra",
+        default="",
+        help="flags for the capacity runs only: --capacity-extra='--replays 3'",
+    )
     parser.add_argument("--work", type=Path, default=Path("out/capacity_bars"))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write the cells' JSON here")
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = shlex.split(args.extra)
     cells = {}
     for name in args.cells:
-        cells[name] = run_cell(name, args.work, extra, args.jobs)
+        cells[name] = run_cell(name, args.work, extra, args.jobs, shlex.split(args.capacity_extra))
         print(markdown({name: cells[name]}).splitlines()[-1], flush=True)
     table = markdown(cells)
     print(table)

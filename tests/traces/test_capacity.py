@@ -212,6 +212,22 @@ def test_capacity_in_precise_mode_says_so(tmp_path: Path, data: Path) -> None:
     assert document["policies"]["ttft"]["capacity"] > 0
 
 
+def test_capacity_pools_replays_with_jittered_arrivals(tmp_path: Path, data: Path) -> None:
+    """``--replays 3``: each load's percentiles pool three runs (the trace and two jittered
+    replays), and the document and its paragraph say so."""
+    out = tmp_path / "cap"
+    trace = str(data / "mooncake_conversation_head200.jsonl")
+    argv = ["capacity", "--trace", trace, "--policies", "ttft", "--replays", "3", "--no-plots",
+            "--grid-factor", "2", "--tolerance", "0.2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    document = json.loads((out / "capacity.json").read_text())
+    assert (document["fleet"]["replays"], document["fleet"]["jitter"]) == (3, 0.5)
+    assert "pool 3 runs" in (out / "capacity.md").read_text()
+    entry = document["policies"]["ttft"]
+    assert entry["capacity"] > 0
+    assert all(p["requests"] == 3 * 200 for p in entry["curve"])
+
+
 def test_capacity_command_errors(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:
     trace = str(data / "mooncake_conversation_head200.jsonl")
     with pytest.raises(SystemExit):
@@ -221,6 +237,11 @@ def test_capacity_command_errors(tmp_path: Path, data: Path, capsys: pytest.Capt
     assert "unknown policies" in capsys.readouterr().err
     assert main(["capacity", "--trace", trace, "--pacing", "session", "--out", str(tmp_path)]) == 2
     assert "needs --pacing open" in capsys.readouterr().err
+    argv = ["capacity", "--trace", trace, "--replays", "2", "--jitter", "0", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "--replays > 1 needs --jitter > 0" in capsys.readouterr().err
+    assert main([*argv[:5], "--live", "--out", str(tmp_path)]) == 2
+    assert "--replays is offline only" in capsys.readouterr().err
 
 
 def test_capacity_live(tmp_path: Path, data: Path) -> None:

@@ -481,6 +481,21 @@ def add_capacity_options(p: argparse.ArgumentParser) -> None:
         "between two that hold may fail unseen; fewer runs)",
     )
     g.add_argument(
+        "--replays",
+        type=COUNT,
+        default=1,
+        help="runs per load, their requests pooled for the percentiles: the trace as "
+        "recorded, then replays with jittered arrivals (offline; near a knee one "
+        "recording's bursts decide which single loads hold)",
+    )
+    g.add_argument(
+        "--jitter",
+        type=FRACTION,
+        default=0.5,
+        help="how far a replay moves each arrival, either way, as a fraction of the "
+        "trace's mean gap between arrivals (a session's turns keep their order)",
+    )
+    g.add_argument(
         "--above",
         type=COUNT_OR_OFF,
         default=Grid.above,

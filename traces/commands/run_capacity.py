@@ -42,6 +42,7 @@ from traces.sim.hit_gap import CeilingHits, gap_metrics
 from traces.sim.simulator import simulate
 from traces.sim.worker_model import profile_arg
 from traces.trace.cap import build_capped_trace
+from traces.trace.jitter import jittered
 from traces.trace.record import TraceRequest, first_too_long
 from traces.trace.run import PolicyRun
 
@@ -51,17 +52,21 @@ LiveEvaluator = Callable[..., Callable[[float], Metrics]]
 """``(trace, policy, args=, slos=) -> evaluate(load)``: one policy's metrics at a load, live."""
 
 
-def run_metrics(run: PolicyRun, slos: Sequence[SLO] = ()) -> dict[str, float]:
-    """TTFT, end-to-end and TPOT at p50/p90/p99 (and each SLO's percentile), hit rate."""
-    series = run.latencies()
+def run_metrics(run: PolicyRun | Sequence[PolicyRun], slos: Sequence[SLO] = ()) -> dict[str, float]:
+    """TTFT, end-to-end and TPOT at p50/p90/p99 (and each SLO's percentile), hit rate; of
+    several runs (replays of one load), their requests pooled."""
+    runs = [run] if isinstance(run, PolicyRun) else list(run)
+    each = [r.latencies() for r in runs]
+    series = {m: np.concatenate([e[m] for e in each]) for m in each[0]}
     wanted = [(m, float(q)) for m in series for q in PERCENTILES]
     wanted += [(s.metric, s.percentile) for s in slos]
     out = {
         f"{m}_p{q:g}": float(np.percentile(series[m], q)) if len(series[m]) else float("nan")
         for m, q in wanted
     }
-    out["hit_rate"] = float(run.cached.sum()) / max(1.0, float(run.input_length.sum()))
-    out["requests"] = run.requests
+    cached = sum(float(r.cached.sum()) for r in runs)
+    out["hit_rate"] = cached / max(1.0, sum(float(r.input_length.sum()) for r in runs))
+    out["requests"] = sum(r.requests for r in runs)
     return out
 
 
@@ -90,6 +95,8 @@ class Job:
     grid: Grid
     seed: int
     max_turns: int
+    replays: int = 1  # runs per load pooled: the trace as recorded, then jittered replays
+    jitter: float = 0.0  # how far a replay moves each arrival, as a fraction of the mean gap
 
 
 def search(
@@ -110,13 +117,14 @@ def run_offline(
 
     config = job.config
     ceilings = CeilingHits(pooled_blocks(config.workers, config.worker))
+    replays = [trace] + [jittered(trace, job.seed + k, job.jitter) for k in range(1, job.replays)]
 
     def evaluate(load: float) -> Metrics:
-        picker = make_sim_picker(job.policy, job.seed)
-        run = simulate(trace, picker, replace(config, speedup=load), job.policy)
-        metrics = run_metrics(run, job.slos)
-        if run.block_states is not None:  # config.hit_gap: the gap's split at this load
-            metrics |= gap_metrics(ceilings.gap(trace, run.block_states))
+        at = replace(config, speedup=load)
+        runs = [simulate(t, make_sim_picker(job.policy, job.seed), at, job.policy) for t in replays]
+        metrics = run_metrics(runs, job.slos)
+        if runs[0].block_states is not None:  # config.hit_gap: the gap's split at this load
+            metrics |= gap_metrics(ceilings.gap(trace, runs[0].block_states))
         return metrics
 
     return search(job, evaluate, on_point)
@@ -227,8 +235,12 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
             f"a worker's context of {config.context_tokens:,}: the engine refuses it (400) at "
             "every load; drop it or raise --kv-capacity-tokens"
         )
-    if not config.disaggregated and not args.live and not args.no_hit_gap:
-        config = replace(config, hit_gap=True)
+    if args.replays > 1 and args.live:
+        raise ValueError("--replays is offline only: a live evaluation runs the trace once")
+    if args.replays > 1 and not args.jitter:
+        raise ValueError("--replays > 1 needs --jitter > 0: else every replay is the trace")
+    if not config.disaggregated and not args.live and not args.no_hit_gap and args.replays == 1:
+        config = replace(config, hit_gap=True)  # (pooled replays: no one run's split)
     if config.pacing != "open":
         raise ValueError(
             "capacity needs --pacing open: session-paced, a fleet that falls behind slows its "
@@ -252,7 +264,10 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
         file=sys.stderr,
     )
     started = time.perf_counter()
-    jobs = [Job(p, config, slos, grid, args.seed, args.max_turns) for p in policies]
+    jobs = [
+        Job(p, config, slos, grid, args.seed, args.max_turns, args.replays, args.jitter)
+        for p in policies
+    ]
     live = None
     if args.live:
         if live_evaluator is None:
@@ -265,7 +280,8 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
          "prefill_tokens_per_s": config.worker.prefill_tokens_per_s, "pacing": config.pacing,
          "mode": mode, "jobs": args.jobs, "gpu_profile": profile_arg(config.worker.profile),
          "cost_profile": profile_arg(config.cost_profile), "shadow": config.shadow,
-         "kv_events": config.kv_events},
+         "kv_events": config.kv_events, "replays": args.replays,
+         "jitter": args.jitter if args.replays > 1 else 0.0},
         time.perf_counter() - started,
     )  # fmt: skip
     written = write_capacity(document, out, plots)

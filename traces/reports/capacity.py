@@ -155,7 +155,7 @@ def describe(document: Mapping[str, Any]) -> str:
         f"{f['workers']} workers, KV {f['kv_capacity_tokens']:,} tokens each, {f['pacing']} "
         f"pacing, {f['mode']}, the router reading {_view(f)}; SLOs "
         f"{', '.join(document['slos'])}. Capacity: the highest trace speedup at which every "
-        f"SLO holds (below the first that fails{_filled(document)}). bound: the "
+        f"SLO holds (below the first that fails{_filled(document)}){_replays(f)}. bound: the "
         f"load ceiling (the fleet's prefill rate filled at the hit ceiling, Belady on the "
         f"pooled {b['pooled_kv_tokens']:,} KV tokens: {b['hit_ceiling']:.1%}); TTFT floors "
         f"p50/p90/p99 {b['ttft_p50']:.3f}/{b['ttft_p90']:.3f}/{b['ttft_p99']:.3f} s, with "
@@ -171,6 +171,17 @@ def _filled(document: Mapping[str, Any]) -> str:
     if not grid.get("verify"):
         return "; bisection only"
     return f"; every load in the grid step below it tried, at most {grid['tolerance']:.0%} apart"
+
+
+def _replays(fleet: Mapping[str, Any]) -> str:
+    """How many runs each load pooled (the trace, then replays with jittered arrivals)."""
+    k = fleet.get("replays", 1)
+    if k <= 1:
+        return ""
+    return (
+        f"; each load's percentiles pool {k} runs: the trace as recorded and {k - 1} with "
+        f"each arrival moved by up to {fleet['jitter']:g} of the mean gap"
+    )
 
 
 def _view(fleet: Mapping[str, Any]) -> str:
