@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--capacity-extra",
         default="",
-        help="flags for the capacity runs only: --capacity-extra='--replays 3'",
+        help="flags for the capacity runs only (the curve's simulate runs do not take "
+        "them): --capacity-extra='--replays 3'",
     )
     parser.add_argument("--work", type=Path, default=Path("out/capacity_bars"))
     parser.add_argument("--jobs", type=int, default=2)
