@@ -220,6 +220,7 @@ class TTFTPicker:
     Its keyword arguments are :class:`TtftParams`' fields (the registry's picker params)."""
 
     name = "ttft"
+    orders_engine = True  # its router sets engine priorities (router/core/engine_priority.py)
     needs = (LearnedRate, PrefillProgress, SessionFootprints, BlockShadow, CPUTier, LoRASlots)
 
     def __init__(self, **params: Any) -> None:

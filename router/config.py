@@ -380,6 +380,14 @@ class Settings(BaseSettings):
         description="once a worker is taken out, the least time before a successful probe "
         "brings it back",
     )
+    engine_priority: bool = Field(
+        False,
+        description="the workers run priority scheduling (vLLM --scheduling-policy priority; "
+        "SGLang --enable-priority-scheduling --schedule-low-priority-values-first): with the "
+        "ttft policy the router sets each generation request's 'priority' so that a worker "
+        "takes its short prefills before its long ones (router/core/engine_priority.py); a "
+        "worker without it answers such a request 400",
+    )
     # Flow control (router/core/flow.py): priorities, fairness and SLO-aware admission
     # between admission and placement, in serve and epp; off by default.
     flow_control: bool = Field(

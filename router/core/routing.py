@@ -32,6 +32,7 @@ from router.cache.feedback import to_router_tokens
 from router.cache.lora import under_adapter
 from router.cache.worker_state import Booking
 from router.config import Settings
+from router.core.engine_priority import engine_priority, orders_engine
 from router.core.errors import (
     ModelNotFound,
     NoHealthyWorkerError,
@@ -45,6 +46,9 @@ from router.core.errors import (
 from router.core.flow import FlowControl
 from router.core.metrics import RouterMetrics
 from router.core.parse import (
+    CHAT,
+    COMPLETION,
+    GENERATE,
     GENERATION_PATHS,
     RESPONSE_CALL,
     RESPONSES,
@@ -60,6 +64,7 @@ from router.fleet.response_owners import ResponseOwners
 from router.fleet.stats import ModelStats
 
 PROMPT_KINDS = frozenset(GENERATION_PATHS.values())
+PRIORITY_KINDS = frozenset((CHAT, COMPLETION, GENERATE))  # the engines' 'priority' field
 
 
 @dataclass(slots=True)
@@ -293,6 +298,25 @@ class RouterCore:
             by_model.prompt_tokens += features.input_length
             by_model.estimated_hit_tokens += pick.hit_tokens
         return booking
+
+    def engine_priority(self, r: Routed, booking: Booking) -> int | None:
+        """The ``priority`` the worker's own queue orders ``r`` by (booked as ``booking``):
+        :mod:`router.core.engine_priority`, with the client's own integer priority as its
+        major key. None: the workers take none (no ``--engine-priority``), the picker sets
+        none, the endpoint has no such field, or the client's is not an integer (the
+        worker answers that)."""
+        if (
+            not self.settings.engine_priority
+            or r.request.kind not in PRIORITY_KINDS
+            or not orders_engine(self.pool.picker)
+        ):
+            return None
+        client = r.request.body.get("priority", 0)
+        if client is None:
+            client = 0
+        if not isinstance(client, int) or isinstance(client, bool):
+            return None
+        return engine_priority(booking, time.time(), client)
 
     # ---- 4. the answer -------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ import asyncio
 import logging
 import time
 
+import orjson
+
 from policies.base import Pick
 from router.core.errors import (
     BadGateway,
@@ -56,6 +58,10 @@ class Attempts:
         booking = core.book(ex, worker, pick, radix_later=True)
         if body is None:
             body, headers = ex.body, ex.headers
+            priority = core.engine_priority(ex, booking)
+            if priority is not None:  # the body as sent, with the engine's order added
+                fields = orjson.loads(body) if ex.drop_usage_chunk else ex.request.body
+                body = orjson.dumps({**fields, "priority": priority})
         conn: Connection | None = None
         status_label = "upstream_lost"
         sse = False

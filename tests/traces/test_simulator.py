@@ -258,3 +258,47 @@ def test_simulate_refuses_absurd_lines_and_counts_the_too_long(
     entry = json.loads((tmp_path / "out" / "results.json").read_text())["policies"]["round_robin"]
     assert entry["requests"] == 4 and entry["rejected"] == entry["rejected_too_long"] == 1
     assert entry["ttft_p99"] < 60
+
+
+def test_under_priority_scheduling_only_the_ttft_router_sets_priorities():
+    """Engines with the priority policy order what ttft's router sends; a peer's requests
+    carry none (priority 0, arrival order), so its run is the first-come-first-served one."""
+    from dataclasses import replace
+
+    from policies.registry import make_picker
+    from traces.sim.config import SimConfig
+    from traces.sim.simulator import Simulation
+    from traces.sim.worker_model import WorkerModelConfig
+
+    trace = _priority_trace()
+    runs = {}
+    for policy in ("fcfs", "priority"):
+        config = SimConfig(workers=2, worker=WorkerModelConfig(scheduling_policy=policy))
+        for name in ("ttft", "llmd_precise"):
+            sim = Simulation(trace, make_picker(name), replace(config, speedup=4.0))
+            runs[policy, name] = (sim.engine_order, sim.run())
+    assert runs["priority", "ttft"][0] and not runs["fcfs", "ttft"][0]
+    assert not runs["priority", "llmd_precise"][0]
+    fcfs, prio = runs["fcfs", "llmd_precise"][1], runs["priority", "llmd_precise"][1]
+    assert list(prio.first_token) == list(fcfs.first_token)
+    assert (
+        runs["priority", "ttft"][1].first_token.tolist()
+        != runs["fcfs", "ttft"][1].first_token.tolist()
+    )
+
+
+def _priority_trace():
+    from traces.trace.record import TraceRequest
+
+    out = []
+    for i in range(60):  # sessions of growing prompts, and long cold ones between them
+        if i % 3:
+            s = i % 5
+            blocks = tuple(range(s * 1000, s * 1000 + 4 + i // 5))
+            session = f"s{s}"
+        else:
+            blocks = tuple(range(100_000 + i * 100, 100_000 + i * 100 + 40))
+            session = f"cold{i}"
+        n = len(blocks) * 512
+        out.append(TraceRequest(0.2 * i, session, i, n, 20, blocks, request_id=i))
+    return out

@@ -168,3 +168,31 @@ def test_the_median_of_a_histograms_buckets():
     # 10 observations: 4 at most 0.01, 8 at most 0.05, all at most 0.1
     assert bucket_median({0.01: 4, 0.05: 8, 0.1: 10, inf: 10}, 10) == pytest.approx(0.02)
     assert bucket_median({0.01: 0, 2.0: 1, inf: 5}, 5) == 2.0  # past the last bound
+
+
+def test_a_live_sweep_over_priority_workers_sets_priorities_they_take(tmp_path: Path):
+    """Sim workers with the priority policy answer a priority 400 unless they run it: every
+    ttft request landing is the router sending priorities the workers take."""
+    from traces.commands.run_sweep import scheduling_policy
+
+    assert scheduling_policy(["--kv-capacity-tokens", "9", "--scheduling-policy", "priority"]) == (
+        "priority"
+    )
+    assert scheduling_policy(["--time-scale", "3"]) == "fcfs"
+    args = build_parser().parse_args(
+        ["sweep", "--trace", str(CONVERSATION), "--policies", "ttft", "--max-requests", "30",
+         "--max-output-tokens", "8", "--sim-workers", "2", "--speedup", "3", "--prompt-mode",
+         "text", "--sim-worker-args", "--scheduling-policy priority", "--out", str(tmp_path)]
+    )  # fmt: skip
+    document, _ = run_sweep(select(load_trace(CONVERSATION), args), args)
+    got = document["policies"]["ttft"]
+    assert got["errors"] == 0 and got["requests"] == 30
+    # the same flag by hand in front of first-come-first-served workers: every request is
+    # their 400, so the router does send priorities with it
+    args = build_parser().parse_args(
+        ["sweep", "--trace", str(CONVERSATION), "--policies", "ttft", "--max-requests", "10",
+         "--max-output-tokens", "8", "--sim-workers", "2", "--speedup", "3", "--prompt-mode",
+         "text", "--router-args=--engine-priority", "--out", str(tmp_path / "fcfs")]
+    )  # fmt: skip
+    document, _ = run_sweep(select(load_trace(CONVERSATION), args), args)
+    assert document["policies"]["ttft"]["errors"] == 10

@@ -177,3 +177,49 @@ def test_the_least_recently_used_idle_adapter_gives_way():
     # x, y loaded; x again resident; z evicts y (x was used since); x still resident
     assert d.model.stats.lora_swaps == 3
     assert list(d.model.loras) == ["z", "x"]
+
+
+def _prio(tag: str, blocks: tuple[int, ...], tokens: int, priority: int, output: int = 1):
+    return SimRequest(blocks, tokens, output, tag=tag, priority=priority)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_priority_orders_the_prefills_not_started_and_never_preempts(policy):
+    from dataclasses import replace
+
+    d = Driver(replace(CFG, scheduling_policy=policy))
+    d.run(
+        [
+            (0.0, _prio("long", (1, 2, 3, 4, 5, 6, 7, 8), 4096, 9)),  # four 1 s chunks
+            (0.5, _prio("big", (20, 21, 22, 23), 2048, 5)),
+            (0.6, _prio("small", (30, 31), 1024, 1)),
+        ]
+    )
+    # the long prefill under way keeps its place under either policy
+    assert d.first["long"] == pytest.approx(4 * 1.010)
+    if policy == "priority":  # then the lower priority first, whatever the arrival
+        assert d.first["small"] == pytest.approx(5 * 1.010)
+        assert d.first["big"] == pytest.approx(7 * 1.010)
+    else:  # then arrival order
+        assert d.first["big"] == pytest.approx(6 * 1.010)
+        assert d.first["small"] == pytest.approx(7 * 1.010)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_priority_orders_the_requests_waiting_for_memory(policy):
+    from dataclasses import replace
+
+    d = Driver(replace(CFG, scheduling_policy=policy))
+    hog = _prio("hog", tuple(range(100, 116)), 8192, 0, output=200)  # 17 of the 20 blocks
+    d.run(
+        [
+            (0.0, hog),
+            (0.1, _prio("x", tuple(range(200, 208)), 4096, 5)),  # needs 9 blocks: waits
+            (0.2, _prio("y", (300, 301), 1024, 1)),  # needs 3: fits beside the hog
+        ]
+    )
+    if policy == "priority":  # y heads the queue and fits: it runs beside the hog
+        assert d.first["y"] < d.done["hog"]
+    else:  # x heads the queue and waits for memory; y waits behind it
+        assert d.first["y"] > d.done["hog"]
+        assert d.first["x"] < d.first["y"]

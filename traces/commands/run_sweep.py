@@ -192,6 +192,13 @@ def report_outcomes(document: dict, outcomes: Sequence[ReplayOutcome], out: Path
     print(f"{document['wall_seconds']:.1f} s; wrote {', '.join(str(p) for p in written)}")
 
 
+def scheduling_policy(sim_worker_args: list[str]) -> str:
+    """The ``--scheduling-policy`` the sim workers run with these flags (the last given)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--scheduling-policy", default="fcfs")
+    return parser.parse_known_args(sim_worker_args)[0].scheduling_policy
+
+
 def run_sweep(
     trace: list[TraceRequest], args: argparse.Namespace
 ) -> tuple[dict, list[ReplayOutcome]]:
@@ -207,6 +214,7 @@ def run_sweep(
     profile = ["--gpu-profile", profile_arg(args.gpu_profile)]  # --sim-worker-args may override
     sim_args = ["--time-scale", str(time_scale), *profile, *shlex.split(args.sim_worker_args)]
     kv_events = "worker-binds" if args.sim_kv_events and args.sim_workers else None
+    engine_priority = scheduling_policy(sim_args) == "priority"
     if kv_events is not None:
         extra_router += ["--kv-events", "--kv-events-connect"]
     with sim_workers(args.sim_workers or 0, sim_args, kv_events) as sims:
@@ -226,6 +234,8 @@ def run_sweep(
             scaled_args = time_scaled_router_args(policy, time_scale)
             if sims:  # the router told the GPU its sim workers model, as simulate's default
                 scaled_args += ["--cost-profile", profile_arg(args.gpu_profile)]
+                if engine_priority:  # ... and that they take priorities
+                    scaled_args.append("--engine-priority")
             with router(workers, policy, [*scaled_args, *extra_router]) as svc:
                 if kv_events is not None:
                     _wait_synced(svc.url, len(workers))

@@ -69,6 +69,7 @@ from router.cache.kv_index import KVEventFeed, KVIndex
 from router.cache.lora import AdapterSlots, under_adapter
 from router.cache.sizing import cpu_blocks, new_worker_state
 from router.cache.worker_state import Booking, WorkerState
+from router.core.engine_priority import engine_priority, orders_engine
 from router.core.flow import PLACE, FlowAdmission
 from router.core.flow_queue import (
     DEFAULT_FLOW,
@@ -249,6 +250,13 @@ class Simulation:
         # the router: its states, its decisions
         self.branches: dict[str, int] = {}
         self.placement = Placement(self.branches)
+        # the router sets engine priorities: workers that take them and a picker that does
+        # (as serve --engine-priority: not on a disaggregated fleet)
+        self.engine_order = (
+            config.worker.scheduling_policy == "priority"
+            and orders_engine(picker)
+            and not config.disaggregated
+        )
         self._make_fleet()
         self.views = self._picker_views()
         self.flow = self._make_flow()
@@ -561,6 +569,8 @@ class Simulation:
         self.chosen[i] = pick.worker
         output = 1 if disagg is not None else max(1, req.output_length)
         sim_req = SimRequest(req.blocks, req.input_length, output, tag=i, adapter=adapter)
+        if self.engine_order:
+            sim_req.priority = engine_priority(booking, self.sent_at[i])
         if disagg is not None:
             disagg.features[i] = features
         self.models[pick.worker].submit(sim_req, arrival)

@@ -14,6 +14,11 @@ One engine step (vLLM / SGLang style, all numbers configurable, defaults are ass
   could never fit is admitted alone on an otherwise empty worker.
 - *Prefill* is chunked: a step carries at most ``chunk_tokens`` uncached prompt tokens,
   taken from running requests in admission order; cost ``tokens / prefill_tokens_per_s``.
+- *Order*: ``scheduling_policy="fcfs"`` (vLLM's default) admits and prefills in arrival
+  order. ``"priority"`` (vLLM's ``--scheduling-policy priority``) orders the waiting queue
+  and the admitted requests whose prefill has not started by ``(priority, arrival)``, lower
+  first; a prefill under way keeps its place (vLLM V1 schedules its running requests before
+  any waiting one), so no request is preempted for another.
 - *Decode*: every request past prefill gets one token per step; a step costs
   ``step_overhead_s + decode_s_per_seq * batch``.
 - With a GPU profile (``WorkerModelConfig.profile``, :mod:`traces.sim.gpu_profile`, measured on
@@ -72,6 +77,7 @@ sequence's prompt and the step it started decoding at), so no step loops over se
 from __future__ import annotations
 
 import argparse
+import bisect
 import heapq
 import math
 from collections import OrderedDict, deque
@@ -101,6 +107,8 @@ from traces.trace.record import BLOCK_TOKENS
 
 KV_TOKENS = integer(BLOCK_TOKENS, MAX_TOKENS)
 """A worker's KV capacity: at least one block."""
+SCHEDULING_POLICIES = ("fcfs", "priority")
+"""The engine's order for waiting requests (vLLM's ``--scheduling-policy``)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,7 @@ class WorkerModelConfig:
     decode_s_per_seq: float = 0.00015
     max_running: int = 256
     eviction_policy: str = "lru"
+    scheduling_policy: str = "fcfs"  # or "priority" (SCHEDULING_POLICIES)
     max_loras: int = 1  # distinct LoRA adapters in one batch and resident (vLLM's default)
     lora_load_s: float = 0.05  # loading an adapter into a GPU slot (a swap)
     cpu_kv_capacity_tokens: int = 0  # the host-memory KV tier (0: none)
@@ -128,6 +137,8 @@ class WorkerModelConfig:
             raise ValueError("the CPU tier's capacity and the KV bytes per token must be >= 0")
         if not self.kv_load_gbps > 0:
             raise ValueError("the KV load bandwidth must be > 0")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}")
 
     @property
     def capacity_blocks(self) -> int:
@@ -234,6 +245,14 @@ def add_model_options(p: argparse.ArgumentParser, kv_help: str) -> None:
         help="CPU tier to GPU KV load bandwidth, GB/s (1e9 bytes); a token's KV is "
         "--kv-bytes-per-token",
     )
+    p.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default=d.scheduling_policy,
+        help="the engine's order for waiting requests (vLLM's --scheduling-policy): fcfs, "
+        "or priority (lower 'priority' first, then arrival; requests without one are 0; "
+        "with it the ttft picker's router sets each request's priority)",
+    )
     add_profile_option(p)
 
 
@@ -319,6 +338,7 @@ def _model_config(
         lora_load_s=args.lora_load_ms / 1000,
         cpu_kv_capacity_tokens=args.cpu_kv_capacity_tokens,
         kv_load_gbps=args.kv_load_gbps,
+        scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
         kv_bytes_per_token=getattr(args, "kv_bytes_per_token", kv_transfer.BYTES_PER_TOKEN),
         profile=profile,
         **more,
@@ -353,6 +373,7 @@ def model_argv(config: WorkerModelConfig) -> list[str]:
         "--kv-load-gbps", repr(config.kv_load_gbps),
         "--kv-bytes-per-token", str(config.kv_bytes_per_token),
         "--gpu-profile", profile_arg(config.profile),
+        "--scheduling-policy", config.scheduling_policy,
     ]  # fmt: skip
 
 
@@ -371,6 +392,7 @@ class SimRequest:
     tag: object = None  # the caller's handle (booking, HTTP waiter...)
     tokens: bytes | None = None  # the prompt's token ids (uint32 LE), for KV events
     adapter: str | None = None  # the LoRA adapter it runs (None: the base model)
+    priority: int = 0  # lower first, under the "priority" scheduling policy
     # disaggregated decode: the prompt's KV came from a prefill worker, so no prompt token is
     # computed here (the blocks still take memory and enter this worker's cache)
     kv_transferred: bool = False
@@ -379,6 +401,8 @@ class SimRequest:
     ready_at: float = 0.0  # its CPU-tier blocks are on the GPU (it may prefill) from then
     loading: tuple[int, ...] = ()  # CPU-tier blocks pinned while they load
     prefill_left: int = 0
+    started: bool = False  # a prefill chunk of it has been planned (it keeps its place)
+    order: tuple[int, int] = (0, 0)  # (priority, arrival number): the priority policy's key
     extra_blocks: int = 0  # tail of the prompt + output, not in the tree
     node: TreeNode | None = None
     finish_at: int = 0  # the worker's decode counter value when this request is done
@@ -449,6 +473,8 @@ class WorkerModel:
         # sequence adds its prompt and output less the counter it finishes at
         self._context_base = 0
         self._seq = 0
+        self._arrivals = 0  # requests submitted (the priority policy's tie-break)
+        self._priority = self.config.scheduling_policy == "priority"
         self.decode_counter = 0
         self.extra_blocks = 0
         self.stats = WorkerStats()
@@ -561,7 +587,12 @@ class WorkerModel:
         """A request arrives at ``now``; it joins at the next step boundary."""
         if request.adapter is not None:  # its blocks live in the adapter's own cache
             request.blocks = tuple(adapter_blocks(request.blocks, request.adapter))
-        self.waiting.append(request)
+        if self._priority:
+            request.order = (request.priority, self._arrivals)
+            self._arrivals += 1
+            bisect.insort(self.waiting, request, key=_order)
+        else:
+            self.waiting.append(request)
         if self.observer is not None:
             self.observer.submitted(request)
         if self.next_event is None or (
@@ -655,6 +686,7 @@ class WorkerModel:
         cache, cap = self.cache, self.config.capacity_blocks
         waiting = self.waiting
         skipped: list[SimRequest] = []  # LoRA: no slot for their adapter this step
+        admitted = False
         while waiting and self.num_running < self.config.max_running:
             req = waiting[0]
             if req.adapter is not None and not self._lora_slot(req.adapter):
@@ -697,8 +729,12 @@ class WorkerModel:
             if self.observer is not None:
                 self.observer.admitted(req, hit_blocks + loaded)
             self.prefilling.append(req)
+            admitted = True
         if skipped:  # back at the head, in their order (vLLM's skipped_waiting_requests)
             waiting.extendleft(reversed(skipped))
+        if admitted and self._priority and len(self.prefilling) > 1:
+            # prefills under way first, in their order; then the others by (priority, arrival)
+            self.prefilling = deque(sorted(self.prefilling, key=_prefill_order))
 
     def _load(self, req: SimRequest, blocks: tuple[int, ...], now: float) -> None:
         """Start loading ``blocks`` of ``req`` from the CPU tier (they are pinned there until
@@ -779,6 +815,7 @@ class WorkerModel:
                     continue
                 take = min(budget, req.prefill_left)
                 plan.append((req, take))
+                req.started = True
                 budget -= take
         context = self.decode_context if batch else 0
         self._span_growth = 0.0
@@ -815,3 +852,11 @@ class WorkerModel:
     def _wake_at(self, when: float | None) -> None:
         self.next_event = when
         self.version += 1
+
+
+def _order(req: SimRequest) -> tuple[int, int]:
+    return req.order
+
+
+def _prefill_order(req: SimRequest) -> tuple[int, ...]:
+    return (0,) if req.started else (1, *req.order)

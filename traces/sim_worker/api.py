@@ -80,6 +80,7 @@ class GenRequest:
     stream: bool
     include_usage: bool
     model: str | None
+    priority: int = 0  # vLLM's and SGLang's field: the engine's order (lower first)
 
 
 # ---- prompts ---------------------------------------------------------------------------
@@ -203,7 +204,8 @@ def _common(
         raise ApiError("Stream options can only be defined when `stream=True`.")
     include_usage = bool(options and options.get("include_usage"))
     model = _get(body, "model", str, None)
-    return GenRequest(kind, prompt, max_tokens, stream, include_usage, model)
+    priority = _get(body, "priority", int, 0)
+    return GenRequest(kind, prompt, max_tokens, stream, include_usage, model, priority)
 
 
 def parse_completion(body: dict[str, Any], max_model_len: int) -> GenRequest:
@@ -230,7 +232,11 @@ def parse_generate(body: dict[str, Any], max_model_len: int) -> GenRequest:
     else:
         raise ApiError("'text' or 'input_ids' is required")
     params = _get(body, "sampling_params", dict, {})
-    flat = {"max_new_tokens": params.get("max_new_tokens"), "stream": body.get("stream")}
+    flat = {
+        "max_new_tokens": params.get("max_new_tokens"),
+        "stream": body.get("stream"),
+        "priority": body.get("priority"),
+    }
     return _common(flat, "generate", prompt, max_model_len, ("max_new_tokens",))
 
 

@@ -124,11 +124,13 @@ class RealTimeWorker:
         adapter: str | None = None,
         kv_transferred: bool = False,
         on_end: Callable[[bool], None] | None = None,
+        priority: int = 0,
     ) -> Handle:
         """Queue a request at model time now; await ``handle.first`` / ``handle.done``.
         ``tokens``: the prompt's ids, which its KV events carry; ``adapter``: the LoRA
         adapter it runs (None: the base model); ``kv_transferred``: a disaggregated decode
-        whose prompt KV came from a prefill worker; ``on_end``: see :class:`Handle`."""
+        whose prompt KV came from a prefill worker; ``on_end``: see :class:`Handle`;
+        ``priority``: its place under the priority scheduling policy (lower first)."""
         if self.failed is not None:
             raise WorkerUnavailable(str(self.failed))
         loop = self._bind()
@@ -139,6 +141,7 @@ class RealTimeWorker:
             tokens=tokens,
             adapter=adapter,
             kv_transferred=kv_transferred,
+            priority=priority,
         )
         handle = Handle(req, loop.create_future(), loop.create_future(), loop.time(), on_end)
         req.tag = handle

@@ -200,6 +200,10 @@ class _Service:
         async def handle(request: Request) -> Response:
             body = await self._body(request)
             gen = parse(body, self.config.context_len)
+            if gen.priority and self.config.model.scheduling_policy != "priority":
+                raise ApiError(  # vLLM's answer, word for word
+                    f"Got priority {gen.priority} but Priority scheduling is not enabled."
+                )
             adapter = self._check_model(gen.model)
             # vLLM's request id: the X-Request-Id header (a PD router sends the same to both)
             base = request.headers.get("x-request-id") or f"{self._rng.getrandbits(64):016x}"
@@ -220,6 +224,7 @@ class _Service:
                 adapter,
                 kv_transferred=leg.kv_transferred,
                 on_end=leg.on_end,
+                priority=gen.priority,
             )
         except WorkerUnavailable as exc:
             if leg.on_end is not None:

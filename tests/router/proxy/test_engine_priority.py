@@ -1,0 +1,54 @@
+"""``--engine-priority``: the proxy adds the engine's ``priority`` to what the workers get."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from router.core.engine_priority import CLIENT_BAND
+
+PROMPT = "the same long prefix " * 200
+
+
+def _send(router, **extra) -> None:
+    body = {"model": "fake-model", "prompt": PROMPT, "max_tokens": 4, **extra}
+    r = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10)
+    assert r.status_code == 200, r.text
+
+
+def _forwarded(workers) -> list[dict]:
+    return [q["body"] for w in workers for q in w.requests if q["path"] == "/v1/completions"]
+
+
+def test_the_ttft_router_sets_an_integer_priority_on_each_request(fake_workers, router_server):
+    workers = fake_workers(2)
+    router = router_server(workers=[w.url for w in workers], policy="ttft", engine_priority=True)
+    _send(router)
+    _send(router, priority=2)  # the client's own priority stays the major key
+    first, second = _forwarded(workers)
+    assert isinstance(first["priority"], int) and 0 < first["priority"] < CLIENT_BAND
+    assert second["priority"] // CLIENT_BAND == 2
+    assert first["prompt"] == second["prompt"] == PROMPT  # the rest of the body as sent
+
+
+@pytest.mark.parametrize(
+    ("policy", "flag"), [("ttft", False), ("llmd_precise", True), ("round_robin", True)]
+)
+def test_no_priority_without_the_flag_or_with_a_picker_that_sets_none(
+    fake_workers, router_server, policy, flag
+):
+    workers = fake_workers(2)
+    router = router_server(workers=[w.url for w in workers], policy=policy, engine_priority=flag)
+    _send(router)
+    _send(router, priority=3)
+    first, second = _forwarded(workers)
+    assert "priority" not in first
+    assert second["priority"] == 3  # the client's, untouched
+
+
+def test_a_client_priority_that_is_no_integer_passes_untouched(fake_workers, router_server):
+    workers = fake_workers(1)
+    router = router_server(workers=[w.url for w in workers], policy="ttft", engine_priority=True)
+    _send(router, priority="high")  # the fake worker accepts it; vLLM would answer 400
+    (body,) = _forwarded(workers)
+    assert body["priority"] == "high"
