@@ -36,4 +36,4 @@ def engine_priority(booking: Booking, sent_s: float, client: int = 0) -> int:
     own = booking.worker.cost.prefill_s(
         booking.new_prefill, booking.input_length - booking.new_prefill
     )
-    return client * CLIENT_BAND + round((sent_s * AGING_PER_S + own) * 1000)
+    return client * CLIENT_BAND + round((float(sent_s) * AGING_PER_S + own) * 1000)
