@@ -123,6 +123,12 @@ def main(args: argparse.Namespace) -> int:
             "--prefill/--decode: a disaggregated fleet needs its two legs sent by the router "
             "itself (cache-router serve); the endpoint picker names one endpoint per request",
         )
+    if settings.engine_priority:
+        return refuse(
+            "epp",
+            "--engine-priority: the router writes each request's priority into the body it "
+            "sends (cache-router serve); the endpoint picker does not rewrite request bodies",
+        )
     if settings.process_count() > 1:
         from router.service.supervisor import SetupError, _probe_port, main_processes
 

@@ -52,3 +52,12 @@ def test_a_client_priority_that_is_no_integer_passes_untouched(fake_workers, rou
     _send(router, priority="high")  # the fake worker accepts it; vLLM would answer 400
     (body,) = _forwarded(workers)
     assert body["priority"] == "high"
+
+
+def test_the_endpoint_picker_refuses_engine_priority(capsys):
+    from router.cli import main
+
+    argv = ["epp", "--worker", "http://127.0.0.1:9", "--plaintext", "--engine-priority"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--engine-priority" in err and "cache-router serve" in err
