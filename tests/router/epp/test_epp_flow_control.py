@@ -55,7 +55,10 @@ async def test_the_stream_is_held_until_its_turn_higher_priority_first(fake_work
         assert await asyncio.wait_for(routed(first), 5) is not None
         low = picker.hold(messages("low", "0"))
         low_answer = asyncio.ensure_future(routed(low))
-        await asyncio.sleep(0.05)
+        for _ in range(250):  # low queued before high is sent (a fixed sleep races a load)
+            if len(app.core.flow.queue) >= 1:
+                break
+            await asyncio.sleep(0.02)
         high = picker.hold(messages("high", "5"))
         high_answer = asyncio.ensure_future(routed(high))
         await asyncio.sleep(0.2)

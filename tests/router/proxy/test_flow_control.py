@@ -29,6 +29,25 @@ async def post(client: httpx.AsyncClient, tag: str, **headers: str) -> httpx.Res
     return await client.post("/v1/completions", json=body(tag), headers=headers)
 
 
+async def arrived(worker, n: int = 1) -> None:
+    """Wait (5 s at most) until ``worker`` has received ``n`` requests: the router placed
+    them, so the fleet is saturated for the next (a fixed sleep races a loaded machine)."""
+    for _ in range(250):
+        if len(worker.requests) >= n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the worker got {len(worker.requests)} of {n} requests")
+
+
+async def in_queue(router, n: int = 1) -> None:
+    """Wait (5 s at most) until ``n`` requests wait in the router's flow-control queue."""
+    for _ in range(250):
+        if len(router.app.core.flow.queue) >= n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{len(router.app.core.flow.queue)} of {n} requests queued")
+
+
 def metrics(router) -> dict:
     text = httpx.get(router.url + "/metrics", timeout=5).text
     out = {}
@@ -53,9 +72,9 @@ async def test_higher_priority_goes_first_and_everything_is_answered(fake_worker
     router = router_server(workers=[worker.url], **FLOW)
     async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         blocker = asyncio.create_task(post(client, "blocker"))
-        await asyncio.sleep(0.05)
+        await arrived(worker)
         low = asyncio.create_task(post(client, "low", **{"x-priority": "0"}))
-        await asyncio.sleep(0.05)
+        await in_queue(router)
         high = asyncio.create_task(post(client, "high", **{"x-priority": "5"}))
         answers = await asyncio.gather(blocker, low, high)
     assert [a.status_code for a in answers] == [200, 200, 200]
@@ -78,12 +97,12 @@ async def test_shedding_and_the_queue_limit_answer_429_with_retry_after(
     router = router_server(workers=[worker.url], flow_queue_max=1, **FLOW)
     async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         blocker = asyncio.create_task(post(client, "blocker"))
-        await asyncio.sleep(0.05)
+        await arrived(worker)
         shed = await post(client, "shed", **{"x-priority": "-1"})
         queued = asyncio.create_task(
             post(client, "queued", **{"x-llm-d-inference-fairness-id": "t1"})
         )
-        await asyncio.sleep(0.05)
+        await in_queue(router)
         over = await post(client, "over", **{"x-llm-d-inference-fairness-id": "t2"})
         flow_view = (await client.get("/workers/flow")).json()
         rest = await asyncio.gather(blocker, queued)
@@ -108,7 +127,7 @@ async def test_a_request_past_its_ttl_is_refused(fake_workers, router_server):
     router = router_server(workers=[worker.url], flow_queue_ttl_s=0.2, **FLOW)
     async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         blocker = asyncio.create_task(post(client, "blocker"))
-        await asyncio.sleep(0.05)
+        await arrived(worker)
         late = await post(client, "late")
         assert (await blocker).status_code == 200
     assert late.status_code == 429 and late.json()["error"]["code"] == "flow_ttl"
@@ -122,7 +141,7 @@ async def test_a_client_gone_while_queued_leaves_nothing_behind(fake_workers, ro
     router = router_server(workers=[worker.url], **FLOW)
     async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         blocker = asyncio.create_task(post(client, "blocker"))
-        await asyncio.sleep(0.05)
+        await arrived(worker)
         with pytest.raises(httpx.TimeoutException):
             await client.post("/v1/completions", json=body("gone"), timeout=0.2)
         assert (await blocker).status_code == 200
@@ -149,7 +168,7 @@ async def test_a_model_no_worker_serves_is_a_404_at_once_even_while_others_wait(
     assert wait_until(lambda: all(w.models for w in router.app.pool.workers))
     async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         blocker = asyncio.create_task(post(client, "blocker"))
-        await asyncio.sleep(0.05)
+        await arrived(worker)
         queued = asyncio.create_task(post(client, "queued", **{"x-priority": "1"}))
         for _ in range(250):  # (on this loop: the queued request is sent meanwhile)
             if len(router.app.core.flow.queue) == 1:
