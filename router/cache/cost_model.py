@@ -45,6 +45,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from router.cache.cost_profile import GpuProfile
+from router.cache.engine_queue import PriorityPrefill
 from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
 
 CHUNK_TOKENS = 8192
@@ -167,6 +168,7 @@ class CostEntry:
         "context",
         "finished",
         "observed",
+        "order_base_s",
         "pairs",
         "predicted_s",
         "queued",
@@ -187,6 +189,7 @@ class CostEntry:
         self.running = False  # counted in the decode batch
         self.finished = False
         self.observed = False
+        self.order_base_s = 0.0  # sent with an engine priority: the engine-order prediction
 
 
 class WorkerCost:
@@ -196,11 +199,15 @@ class WorkerCost:
     __slots__ = (
         "_head_since",
         "_log_factor",
+        "_order_log_factor",
+        "_ordered",
         "_queue",
         "clock",
         "context",
         "errors",
         "factor",
+        "order_factor",
+        "order_samples",
         "queued_pairs",
         "queued_tokens",
         "running",
@@ -220,6 +227,10 @@ class WorkerCost:
         self._log_factor = 0.0
         self.factor = 1.0
         self.samples = 0
+        self._ordered: PriorityPrefill | None = None  # the engine's order, once it has one
+        self._order_log_factor = 0.0
+        self.order_factor = 1.0
+        self.order_samples = 0
         self.errors = PredictionErrors()
 
     @property
@@ -294,11 +305,28 @@ class WorkerCost:
             self.queued_pairs += entry.pairs
         return entry
 
+    def order(self, entry: CostEntry, key: int, cached: int, now: float) -> None:
+        """``entry`` (booked here at ``now``, ``cached`` tokens before its uncached ones) was
+        sent with engine priority ``key``: this worker's engine takes its prefills in that
+        order, and the prediction ``entry`` is scored on becomes the one in that order
+        (:mod:`router.cache.engine_queue`), with its own learned correction. Pricing for
+        the picker stays first come first served."""
+        if entry.finished:
+            return
+        if self._ordered is None:
+            self._ordered = PriorityPrefill()
+        decode = (self.running, self.context)
+        eta = self._ordered.add(entry, entry.tokens, cached, key, now, self.terms, decode)
+        entry.predicted_s, entry.order_base_s = self.order_factor * eta, eta
+
     def first_token(self, entry: CostEntry, now: float) -> None:
         """``entry``'s first token came at ``now``: its prefill leaves the queue, its decode
         joins the batch."""
         if entry.finished:
             return
+        if self._ordered is not None:
+            decode = (self.running, self.context)
+            self._ordered.first_token(entry, now, self.terms, decode)
         if entry.queued:  # the next one's prefill began now
             self._dequeue(entry)
             self._head_since = now
@@ -312,6 +340,8 @@ class WorkerCost:
         if entry.finished:
             return
         entry.finished = True
+        if self._ordered is not None:
+            self._ordered.remove(entry)
         self._dequeue(entry)
         if entry.running:
             entry.running = False
@@ -340,11 +370,22 @@ class WorkerCost:
         if entry.work_tokens < MIN_TOKENS:
             return
         self.samples += 1
-        gap = math.log(ttft_s / entry.base_s) - self._log_factor
-        step = 1.0 / (self.samples + 1)
-        if step < STEP:
-            step = STEP
-        limit = math.log(BOUND)
-        moved = self._log_factor + (gap if -step <= gap <= step else step if gap > 0 else -step)
-        self._log_factor = min(limit, max(-limit, moved))
+        self._log_factor = _toward(self._log_factor, ttft_s / entry.base_s, self.samples)
         self.factor = math.exp(self._log_factor)
+        if entry.order_base_s > 0.0:
+            self.order_samples += 1
+            log = _toward(self._order_log_factor, ttft_s / entry.order_base_s, self.order_samples)
+            self._order_log_factor = log
+            self.order_factor = math.exp(log)
+
+
+def _toward(log_factor: float, ratio: float, samples: int) -> float:
+    """A correction's log moved toward ``log(ratio)`` (observed / predicted before the
+    correction) by at most ``STEP`` (``1 / (samples + 1)`` while there are few), bounded."""
+    gap = math.log(ratio) - log_factor
+    step = 1.0 / (samples + 1)
+    if step < STEP:
+        step = STEP
+    limit = math.log(BOUND)
+    moved = log_factor + (gap if -step <= gap <= step else step if gap > 0 else -step)
+    return min(limit, max(-limit, moved))

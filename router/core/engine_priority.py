@@ -32,8 +32,11 @@ def orders_engine(picker: object) -> bool:
 
 def engine_priority(booking: Booking, sent_s: float, client: int = 0) -> int:
     """The engine priority (lower first) of the request ``booking`` placed, sent at
-    ``sent_s`` (any clock the router's replicas share; the wall clock live)."""
-    own = booking.worker.cost.prefill_s(
-        booking.new_prefill, booking.input_length - booking.new_prefill
-    )
-    return client * CLIENT_BAND + round((float(sent_s) * AGING_PER_S + own) * 1000)
+    ``sent_s`` (any clock the router's replicas share; the wall clock live); the worker's
+    cost model is told, so it predicts the request's TTFT in the engine's order."""
+    cost, cached = booking.worker.cost, booking.input_length - booking.new_prefill
+    own = cost.prefill_s(booking.new_prefill, cached)
+    key = client * CLIENT_BAND + round((float(sent_s) * AGING_PER_S + own) * 1000)
+    if booking.cost_entry is not None:
+        cost.order(booking.cost_entry, key, cached, booking.booked_at)
+    return key

@@ -66,7 +66,10 @@ Metrics (labels):
   answers: ``ttft_prediction_error_ratio`` (worker), a histogram of |predicted - observed| /
   observed TTFT (the prediction made at booking, the queue ahead in it);
   ``ttft_predicted_seconds_total`` and ``ttft_observed_seconds_total`` (worker), their sums;
-  ``worker_cost_correction`` (worker), the factor learned from them.
+  ``worker_cost_correction`` (worker), the factor learned from them;
+  ``worker_engine_order_correction`` (worker), the one of the prediction in the engines'
+  priority order (``--engine-priority``: :mod:`router.cache.engine_queue`), which the
+  histogram scores instead there.
 """
 
 from __future__ import annotations
@@ -482,6 +485,11 @@ def prediction_metrics(workers: list) -> list[Metric]:
     correction = _gauge(
         "worker_cost_correction", "The cost model's learned factor (observed / predicted)"
     )
+    order_correction = _gauge(
+        "worker_engine_order_correction",
+        "The learned factor of the TTFT predicted in the engine's priority order "
+        "(serve --engine-priority)",
+    )
     error_les = [floatToGoString(b) for b in ERROR_BOUNDS] + ["+Inf"]
     for w in workers:
         url, cost = w.url, w.state.cost
@@ -494,7 +502,8 @@ def prediction_metrics(workers: list) -> list[Metric]:
         predicted_s.add_metric([url], errors.predicted_s)
         observed_s.add_metric([url], errors.observed_s)
         correction.add_metric([url], cost.factor)
-    return [prediction_error, predicted_s, observed_s, correction]
+        order_correction.add_metric([url], cost.order_factor)
+    return [prediction_error, predicted_s, observed_s, correction, order_correction]
 
 
 def model_metrics(pool: WorkerPool, workers: list) -> Iterator[Metric]:

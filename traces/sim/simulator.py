@@ -564,13 +564,13 @@ class Simulation:
         expected = 1 if disagg is not None else req.output_length
         booking = self.placement.book(self.states[pick.worker], features, expected, now=arrival)
         self.bookings[i] = booking
+        priority = engine_priority(booking, self.sent_at[i]) if self.engine_order else 0
         self._record_estimates(i, booking, arrival)
         self.out["arrival"][i] = self.sent_at[i]  # TTFT counts from the client's send
         self.chosen[i] = pick.worker
         output = 1 if disagg is not None else max(1, req.output_length)
         sim_req = SimRequest(req.blocks, req.input_length, output, tag=i, adapter=adapter)
-        if self.engine_order:
-            sim_req.priority = engine_priority(booking, self.sent_at[i])
+        sim_req.priority = priority
         if disagg is not None:
             disagg.features[i] = features
         self.models[pick.worker].submit(sim_req, arrival)

@@ -50,3 +50,20 @@ def test_streamed_answers_score_the_prediction_in_metrics(worker: list) -> None:
         assert errors["ttft_pred_requests"] == PROMPTS
         assert errors["ttft_pred_bias"] == pytest.approx(predicted / observed)
         assert 0 <= errors["ttft_pred_mdape"] <= 2.0  # the median, from the buckets
+
+
+def test_with_engine_priority_the_prediction_scored_is_in_the_engines_order() -> None:
+    # a worker that runs priority scheduling, and a router that sets the priorities
+    with sim_workers(1, [*PROFILE, "--kv-capacity-tokens", "262144", "--scheduling-policy",
+                         "priority"]) as started:  # fmt: skip
+        url = started[0].url
+        args = ["--cost-profile", "h100-llama8b", "--engine-priority", "--log-level", "warning"]
+        with start_router([url], "ttft", args) as router:
+            for k in range(PROMPTS):
+                stream(router.url, [1000 * k + i % 997 + 1 for i in range(16_384)])
+            value = {s.name: s.value for s in scrape(router.url)}
+    assert value["cache_router_ttft_prediction_error_ratio_count"] == PROMPTS
+    predicted = value["cache_router_ttft_predicted_seconds_total"]
+    observed = value["cache_router_ttft_observed_seconds_total"]
+    assert 0.5 < observed / predicted < 2.0  # one at a time: its own prefill, in order
+    assert value["cache_router_worker_engine_order_correction"] > 0
