@@ -85,8 +85,8 @@ def classify(
         if objective is not None and objective in objectives:
             band = int(objectives[objective])
     if band is None and body is not None:
-        value = body.get("priority")
-        if isinstance(value, int) and not isinstance(value, bool):
+        value = body_priority(body)
+        if value is not None:
             band = -value  # vLLM: lower first
     flow = header(fairness_header)
     if flow:
@@ -103,6 +103,12 @@ def classify(
             slo_s = ms / 1000.0
     band = 0 if band is None else min(max(band, PRIORITY_MIN), PRIORITY_MAX)
     return Classified(band, flow, slo_s)
+
+
+def body_priority(body: Mapping[str, Any]) -> int | None:
+    """The body's ``priority`` (vLLM's field, lower first) when it is an integer."""
+    value = body.get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _int(text: str) -> int | None:

@@ -44,6 +44,7 @@ from router.core.errors import (
     echo,
 )
 from router.core.flow import FlowControl
+from router.core.flow_queue import body_priority
 from router.core.metrics import RouterMetrics
 from router.core.parse import (
     CHAT,
@@ -311,10 +312,9 @@ class RouterCore:
             or not orders_engine(self.pool.picker)
         ):
             return None
-        client = r.request.body.get("priority", 0)
+        body = r.request.body
+        client = 0 if body.get("priority") is None else body_priority(body)
         if client is None:
-            client = 0
-        if not isinstance(client, int) or isinstance(client, bool):
             return None
         return engine_priority(booking, time.time(), client)
 

@@ -224,3 +224,12 @@ class UsageReader:
         if not kept:
             return None
         return scan_body(kept[0] if len(kept) == 1 else b"".join(kept))
+
+
+def asking_usage(body: dict) -> dict:
+    """``body`` asking for the usage chunk at the end of its stream (where the cached tokens
+    are reported), its other stream options kept."""
+    options = body.get("stream_options")
+    options = dict(options) if isinstance(options, dict) else {}
+    options["include_usage"] = True
+    return {**body, "stream_options": options}

@@ -22,7 +22,7 @@ from router.core.errors import (
     shutting_down,
 )
 from router.core.routing import RouterCore
-from router.core.usage import MAX_SCANNED_BODY, UsageReader
+from router.core.usage import MAX_SCANNED_BODY, UsageReader, asking_usage
 from router.fleet.pool import DECODE, Worker, same_side
 from router.fleet.upstream import ConnectFailed, Connection, ConnectionLost, ReadTimeout
 from router.proxy.exchange import Exchange, Respond, is_event_stream, response_headers
@@ -60,7 +60,9 @@ class Attempts:
             body, headers = ex.body, ex.headers
             priority = core.engine_priority(ex, booking)
             if priority is not None:  # the body as sent, with the engine's order added
-                fields = orjson.loads(body) if ex.drop_usage_chunk else ex.request.body
+                fields = ex.request.body  # as in ex.body: with the usage the router asked for
+                if ex.drop_usage_chunk:
+                    fields = asking_usage(fields)
                 body = orjson.dumps({**fields, "priority": priority})
         conn: Connection | None = None
         status_label = "upstream_lost"

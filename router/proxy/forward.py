@@ -75,6 +75,7 @@ from router.core.errors import (
 from router.core.flow import bearer_key
 from router.core.parse import CHAT, COMPLETION, STREAMED_BODIES
 from router.core.routing import PROMPT_KINDS, RouterCore
+from router.core.usage import asking_usage
 from router.fleet.pool import PREFILL
 from router.proxy.attempt import Attempts
 from router.proxy.disagg import Disaggregation
@@ -322,12 +323,3 @@ class Forwarder:
             raise last_error  # type: ignore[misc]
         finally:
             core.settle(ex)
-
-
-def asking_usage(body: dict) -> dict:
-    """``body`` asking for the usage chunk at the end of its stream (where the cached tokens
-    are reported), its other stream options kept."""
-    options = body.get("stream_options")
-    options = dict(options) if isinstance(options, dict) else {}
-    options["include_usage"] = True
-    return {**body, "stream_options": options}

@@ -61,3 +61,16 @@ def test_the_endpoint_picker_refuses_engine_priority(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--engine-priority" in err and "cache-router serve" in err
+
+
+def test_a_streamed_request_keeps_the_usage_the_router_asked_for(fake_workers, router_server):
+    workers = fake_workers(1)
+    router = router_server(workers=[w.url for w in workers], policy="ttft", engine_priority=True)
+    body = {"model": "fake-model", "prompt": PROMPT, "max_tokens": 4, "stream": True}
+    body["stream_options"] = {"continuous_usage_stats": False}
+    with httpx.stream("POST", f"{router.url}/v1/completions", json=body, timeout=10) as r:
+        assert r.status_code == 200
+        r.read()
+    (sent,) = _forwarded(workers)
+    assert isinstance(sent["priority"], int)
+    assert sent["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
