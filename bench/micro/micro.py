@@ -22,6 +22,8 @@ import numpy as np
 
 from router.cache.block_hash import hash_blocks, token_bytes
 from router.cache.block_lru import BlockLRU
+from router.cache.cost_model import CostTerms, WorkerCost
+from router.cache.cost_profile import resolve
 from router.cache.radix_tree import RadixTree
 from traces.trace.formats import load_trace
 
@@ -133,6 +135,34 @@ def bench_trace_load(rows: list) -> None:
         )
 
 
+def bench_engine_order(rows: list) -> None:
+    """Booking on a worker with a queue of ``depth`` 8k-token prefills: first come first
+    served (the default) against the engine-order shadow's prediction (``--engine-priority``),
+    for a request that goes last in the order (the most steps to run through)."""
+    terms = CostTerms.of_profile(resolve("h100-llama8b"))
+    for depth in (16, 128, 512):
+        cost = WorkerCost(terms)
+        for _ in range(depth):
+            entry = cost.book(8192, 16_384, 24_576, 256, now=0.0)
+            cost.order(entry, int(RNG.integers(0, 10**6)), 16_384, now=0.0)
+        booked: list = []
+
+        def fcfs(cost=cost, booked=booked) -> None:
+            booked.append(cost.book(8192, 16_384, 24_576, 256, now=0.0))
+
+        def ordered(cost=cost, booked=booked) -> None:
+            entry = cost.book(8192, 16_384, 24_576, 256, now=0.0)
+            cost.order(entry, 10**6, 16_384, now=0.0)
+            booked.append(entry)
+
+        def release(cost=cost, booked=booked) -> None:
+            while booked:
+                cost.finish(booked.pop())
+
+        rows.append(row(f"book, {depth} prefills queued", fcfs, 2000, setup=release))
+        rows.append(row(f"book + engine order, last of {depth}", ordered, 300, setup=release))
+
+
 def table(rows: list) -> str:
     lines = [
         "| benchmark | median µs | p99 µs | goal µs | met |",
@@ -166,6 +196,7 @@ def main() -> None:
     bench_estimate(rows)
     bench_radix(rows)
     bench_trace_load(rows)
+    bench_engine_order(rows)
     out = table(rows)
     print(out)
     if args.record:

@@ -116,34 +116,69 @@ class PriorityPrefill:
                 return
 
     def _eta(self, i: int, now: float, terms: StepTerms, decode: Decode) -> float:
-        """Seconds from ``now`` until job ``i``'s last chunk is through, nothing arriving."""
+        """Seconds from ``now`` until job ``i``'s last chunk is through, nothing arriving:
+        the step under way, then full steps of the jobs up to ``i`` in order, the last one
+        filled by the jobs after it. Summed in closed form (a job's attention over its
+        chunks telescopes to its whole span's), not step by step: a deep queue is hundreds
+        of steps."""
         jobs = self._jobs
         left = [j.left for j in jobs]
         prior = [j.prior for j in jobs]
-        at = {id(j): k for k, j in enumerate(jobs)}
-        for job, take in self._plan:  # the step under way
-            k = at.get(id(job))
-            if k is not None:
-                left[k] -= take
-                prior[k] += take
-        end = self._step_end if self._step_end is not None else now
-        n = len(jobs)
-        while left[i] > 0:
-            budget, tokens, pairs = terms.chunk_tokens, 0, 0.0
-            for k in range(n):
-                rest = left[k]
-                if rest <= 0:
-                    continue
-                take = rest if rest < budget else budget
-                pairs += take * prior[k] + take * take / 2.0
-                left[k] = rest - take
-                prior[k] += take
-                tokens += take
-                budget -= take
-                if budget <= 0:
-                    break
-            end += step_s(terms, tokens, pairs, decode)
-        return end - now
+        if self._plan:  # the step under way
+            at = {id(j): k for k, j in enumerate(jobs)}
+            for job, take in self._plan:
+                k = at.get(id(job))
+                if k is not None:
+                    left[k] -= take
+                    prior[k] += take
+        start = (self._step_end if self._step_end is not None else now) - now
+        if left[i] <= 0:
+            return start
+        tokens, pairs = 0, 0.0
+        for k in range(i + 1):
+            rest = left[k]
+            if rest > 0:
+                tokens += rest
+                pairs += rest * prior[k] + rest * rest / 2.0
+        chunk = terms.chunk_tokens
+        steps = -(-tokens // chunk)
+        last = tokens - (steps - 1) * chunk  # job i's last step: its own jobs' tokens ...
+        last_pairs, need = 0.0, last
+        for k in range(i, -1, -1):
+            rest = left[k]
+            if rest <= 0:
+                continue
+            part = rest if rest < need else need
+            last_pairs += part * (prior[k] + rest - part) + part * part / 2.0
+            need -= part
+            if need <= 0:
+                break
+        room = chunk - last  # ... and what the jobs after i fill it with
+        for k in range(i + 1, len(jobs)):
+            if room <= 0:
+                break
+            rest = left[k]
+            if rest <= 0:
+                continue
+            take = rest if rest < room else room
+            fill = take * prior[k] + take * take / 2.0
+            tokens, pairs, last, last_pairs = (
+                tokens + take,
+                pairs + fill,
+                last + take,
+                last_pairs + fill,
+            )
+            room -= take
+        running, context = decode
+        per_step = terms.per_sequence * running + terms.per_context_token * context
+        floor = terms.decode_base if running else 0.0
+        seconds = steps * (terms.d + per_step) + terms.a * tokens + terms.c * pairs
+        # a full step's prefill is above the decode floor (a chunk of a few hundred tokens
+        # is, on any measured profile); the last one may not be
+        prefill = terms.d + terms.a * last + terms.c * last_pairs
+        if prefill < floor:
+            seconds += floor - prefill
+        return start + seconds
 
     def _start(self, at: float, terms: StepTerms, decode: Decode) -> None:
         """The next step from ``at``: the budget in the jobs' order."""

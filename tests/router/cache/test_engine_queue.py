@@ -4,6 +4,7 @@ engine-order prediction with its own correction."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from router.cache.cost_model import CostTerms, WorkerCost
@@ -108,3 +109,46 @@ def test_the_engine_order_prediction_has_its_own_correction():
     plain = WorkerCost(TERMS)
     entry = plain.book(4096, 0, 4096, 1, now=0.0)
     assert entry.order_base_s == 0.0 and entry.predicted_s == pytest.approx(entry.base_s)
+
+
+def _stepped(shadow: PriorityPrefill, handle: object, now: float, decode) -> float:
+    """The reference: the shadow's queue run one step at a time until ``handle`` is through."""
+    jobs = shadow._jobs
+    left = {id(j): j.left for j in jobs}
+    prior = {id(j): j.prior for j in jobs}
+    for job, take in shadow._plan:
+        if id(job) in left:  # not dropped since
+            left[id(job)] -= take
+            prior[id(job)] += take
+    end = shadow._step_end
+    target = next(j for j in jobs if j.handle is handle)
+    while left[id(target)] > 0:
+        budget, tokens, pairs = CHUNK, 0, 0.0
+        for j in jobs:
+            take = min(left[id(j)], budget)
+            if take <= 0:
+                continue
+            pairs += take * prior[id(j)] + take * take / 2.0
+            left[id(j)] -= take
+            prior[id(j)] += take
+            tokens += take
+            budget -= take
+        end += step_s(TERMS, tokens, pairs, decode)
+    return end - now
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_closed_form_is_the_steps_one_by_one(seed):
+    rng = np.random.default_rng(seed)
+    decode = (int(rng.integers(0, 40)), float(rng.integers(0, 2_000_000)))
+    shadow = PriorityPrefill()
+    now = 0.0
+    for n in range(int(rng.integers(5, 60))):
+        now += float(rng.exponential(0.2))
+        tokens = int(rng.choice([1, 50, 700, 5000, 20_000, 70_000]))
+        cached = int(rng.integers(0, 100_000))
+        key = int(rng.integers(0, 1000))
+        eta = shadow.add(n, tokens, cached, key, now, TERMS, decode)
+        assert eta == pytest.approx(_stepped(shadow, n, now, decode), rel=1e-9)
+        if rng.random() < 0.3 and len(shadow):  # a first token now and then
+            shadow.first_token(shadow._jobs[0].handle, now, TERMS, decode)
