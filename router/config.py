@@ -388,6 +388,14 @@ class Settings(BaseSettings):
         "takes its short prefills before its long ones (router/core/engine_priority.py); a "
         "worker without it answers such a request 400",
     )
+    dispatch_hold_tokens: TokensOrOff = Field(
+        0,
+        description="hold each streamed generation request at the router while the prefill "
+        "already sent to its worker and not through (no first token yet) is above this many "
+        "tokens, releasing the held ones in the ttft policy's priority order (shortest "
+        "predicted prefill first, aged by send time): the router orders what FCFS engines "
+        "take (router/core/dispatch_hold.py; 0: off)",
+    )
     # Flow control (router/core/flow.py): priorities, fairness and SLO-aware admission
     # between admission and placement, in serve and epp; off by default.
     flow_control: bool = Field(

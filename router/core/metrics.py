@@ -69,7 +69,9 @@ Metrics (labels):
   ``worker_cost_correction`` (worker), the factor learned from them;
   ``worker_engine_order_correction`` (worker), the one of the prediction in the engines'
   priority order (``--engine-priority``: :mod:`router.cache.engine_queue`), which the
-  histogram scores instead there.
+  histogram scores instead there (and with ``--dispatch-hold-tokens``);
+- ``--dispatch-hold-tokens`` (:mod:`router.core.dispatch_hold`): ``dispatch_held`` and
+  ``dispatch_sent_prefill_tokens`` (worker) gauges, ``dispatch_held_requests_total``.
 """
 
 from __future__ import annotations
@@ -227,9 +229,42 @@ class RouterMetrics:
         """Export the Responses API's owner map (:mod:`router.fleet.response_owners`)."""
         self.registry.register(OwnersCollector(owners))
 
+    def watch_hold(self, hold, pool: WorkerPool) -> None:
+        """Export ``--dispatch-hold-tokens``'s counts (:mod:`router.core.dispatch_hold`)."""
+        self.registry.register(HoldCollector(hold, pool))
+
     def watch_discovery(self, discovery) -> None:
         """Export the ``--discover`` sources' counters (:mod:`router.fleet.discovery`)."""
         self.registry.register(DiscoveryCollector(discovery))
+
+
+class HoldCollector(Collector):
+    """``--dispatch-hold-tokens`` (:mod:`router.core.dispatch_hold`), per worker."""
+
+    def __init__(self, hold, pool: WorkerPool) -> None:
+        self.hold = hold
+        self.pool = pool
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        hold = self.hold
+        held = _gauge("dispatch_held", "Requests held at the router for room on their worker")
+        sent = _gauge(
+            "dispatch_sent_prefill_tokens",
+            "Uncached prompt tokens sent to the worker whose first token has not come",
+        )
+        for w in self.pool.workers:
+            held.add_metric([w.url], hold.held(w.url))
+            sent.add_metric([w.url], hold.sent_tokens(w.url))
+        waited = CounterMetricFamily(
+            PREFIX + "dispatch_held_requests", "Requests that waited at the router for room"
+        )
+        waited.add_metric([], hold.waited)
+        yield held
+        yield sent
+        yield waited
 
 
 class PoolCollector(Collector):

@@ -32,6 +32,7 @@ from router.cache.feedback import to_router_tokens
 from router.cache.lora import under_adapter
 from router.cache.worker_state import Booking
 from router.config import Settings
+from router.core.dispatch_hold import DispatchHold, Slot
 from router.core.engine_priority import engine_priority, orders_engine
 from router.core.errors import (
     ModelNotFound,
@@ -104,6 +105,10 @@ class RouterCore:
         self.correct = settings.correct_shadow
         self.max_inflight = settings.max_inflight
         self.flow = FlowControl(settings, pool, metrics.registry) if settings.flow_control else None
+        hold = settings.dispatch_hold_tokens
+        self.hold = DispatchHold(hold) if hold else None
+        if self.hold is not None:
+            metrics.watch_hold(self.hold, pool)
         # the drain is over (router.service.server): the server cancels what still runs, and
         # a front end answers such a request 503 ``shutdown`` where nothing was sent yet
         self.drain_over = False
@@ -300,14 +305,15 @@ class RouterCore:
             by_model.estimated_hit_tokens += pick.hit_tokens
         return booking
 
-    def engine_priority(self, r: Routed, booking: Booking) -> int | None:
-        """The ``priority`` the worker's own queue orders ``r`` by (booked as ``booking``):
+    def order_key(self, r: Routed, booking: Booking) -> int | None:
+        """The key ``r`` (booked as ``booking``) goes by into its worker's prefill: the
+        ``priority`` the engine orders it by (``--engine-priority``), the order the router
+        releases held requests in (``--dispatch-hold-tokens``), or both;
         :mod:`router.core.engine_priority`, with the client's own integer priority as its
-        major key. None: the workers take none (no ``--engine-priority``), the picker sets
-        none, the endpoint has no such field, or the client's is not an integer (the
-        worker answers that)."""
+        major key. None: neither is on, the picker sets none, the endpoint has no such
+        field, or the client's is not an integer (the worker answers that)."""
         if (
-            not self.settings.engine_priority
+            not (self.settings.engine_priority or self.hold is not None)
             or r.request.kind not in PRIORITY_KINDS
             or not orders_engine(self.pool.picker)
         ):
@@ -317,6 +323,33 @@ class RouterCore:
         if client is None:
             return None
         return engine_priority(booking, time.time(), client)
+
+    def hold_enter(
+        self, r: Routed, worker: Worker, booking: Booking, key: int | None
+    ) -> Slot | None:
+        """``r``'s place in ``--dispatch-hold-tokens``'s count for ``worker`` (sent at once
+        when there is room, else held): only streamed requests with a key; None otherwise."""
+        if self.hold is None or key is None or not r.request.stream:
+            return None
+        return self.hold.enter(worker.url, booking.new_prefill, key)
+
+    async def hold_wait(self, slot: Slot) -> None:
+        """Until ``slot`` is released (a first token on its worker made room)."""
+        if slot.sent:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        slot.payload = waiter
+        await waiter
+
+    def hold_leave(self, slot: Slot | None) -> None:
+        """``slot``'s prefill is through, or its request ended (once): the held requests
+        that now fit on its worker go."""
+        if slot is None:
+            return
+        for released in self.hold.leave(slot):
+            waiter = released.payload
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     # ---- 4. the answer -------------------------------------------------------------------
 

@@ -56,18 +56,22 @@ class Attempts:
         (a disaggregated decode leg)."""
         core = self.core
         booking = core.book(ex, worker, pick, radix_later=True)
+        key = slot = None
         if body is None:
             body, headers = ex.body, ex.headers
-            priority = core.engine_priority(ex, booking)
-            if priority is not None:  # the body as sent, with the engine's order added
+            key = core.order_key(ex, booking)
+            if key is not None and core.settings.engine_priority:  # the engine's order added
                 fields = ex.request.body  # as in ex.body: with the usage the router asked for
                 if ex.drop_usage_chunk:
                     fields = asking_usage(fields)
-                body = orjson.dumps({**fields, "priority": priority})
+                body = orjson.dumps({**fields, "priority": key})
         conn: Connection | None = None
         status_label = "upstream_lost"
         sse = False
         try:
+            slot = core.hold_enter(ex, worker, booking, key)
+            if slot is not None:
+                await core.hold_wait(slot)  # room on the worker, in the router's order
             try:
                 if ex.body_rest is None:
                     conn = await worker.upstream.request(
@@ -96,6 +100,7 @@ class Attempts:
 
             # first body bytes (or the whole body): the prefill is done
             booking.first_token()
+            core.hold_leave(slot)
             core.metrics.ttfb(ex.endpoint).observe(time.perf_counter() - ex.start)
             status = conn.status
             core.answered(ex, worker, status)  # (a 5xx relayed: no other worker left)
@@ -151,6 +156,7 @@ class Attempts:
         finally:
             if conn is not None:
                 conn.abort()
+            core.hold_leave(slot)
             core.release(ex, worker, booking, status_label)
 
     async def cut(self, ex: Exchange, worker: Worker, exc: Exception, sse: bool, send) -> None:

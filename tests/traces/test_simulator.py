@@ -319,3 +319,28 @@ def test_under_priority_engines_ttft_predicts_in_the_engines_order(speedup):
     error = prediction_error(run.predicted_ttft, run.first_token - run.arrival)
     assert error["ttft_pred_requests"] == len(trace)
     assert error["ttft_pred_mdape"] < 0.15
+
+
+def test_the_dispatch_hold_orders_what_fcfs_engines_take():
+    """serve --dispatch-hold-tokens in the simulator: ttft's requests wait at the router
+    while their worker has prefill in flight and go in ttft's order, so the short session
+    turns pass the long cold prompts queued before them; a peer's run is untouched."""
+    from traces.sim.simulator import Simulation
+
+    trace = _priority_trace()
+    runs = {}
+    for hold in (0, 1):
+        config = SimConfig(workers=2, speedup=4.0, dispatch_hold_tokens=hold)
+        for name in ("ttft", "llmd_precise"):
+            sim = Simulation(trace, make_picker(name), config)
+            runs[hold, name] = (sim.hold is not None, sim.run())
+    assert runs[1, "ttft"][0] and not runs[1, "llmd_precise"][0] and not runs[0, "ttft"][0]
+    assert list(runs[1, "llmd_precise"][1].first_token) == list(
+        runs[0, "llmd_precise"][1].first_token
+    )
+    turns = np.array([r.session_id.startswith("s") for r in trace])
+    ttft = {
+        hold: runs[hold, "ttft"][1].first_token - runs[hold, "ttft"][1].arrival for hold in (0, 1)
+    }
+    assert np.isfinite(ttft[1]).all()  # every request sent and served
+    assert np.median(ttft[1][turns]) < np.median(ttft[0][turns])

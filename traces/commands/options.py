@@ -163,6 +163,13 @@ def add_simulation_options(p: argparse.ArgumentParser, speedup: bool = True) -> 
     add_model_options(p, "each worker's KV cache in tokens (the shadows get the same)")
     add_cost_profile_option(p)
     p.add_argument(
+        "--dispatch-hold-tokens", type=field_rule("dispatch_hold_tokens"),
+        default=SimConfig().dispatch_hold_tokens,
+        help="model serve's --dispatch-hold-tokens: hold requests at the router while their "
+        "worker's sent prefill is above this many tokens, released in ttft's priority order "
+        "(0: off)",
+    )  # fmt: skip
+    p.add_argument(
         "--router-tiers",
         choices=ROUTER_TIERS,
         default="on",
@@ -280,6 +287,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         decode_workers=decode,
         decode_policy=getattr(args, "decode_policy", defaults.decode_policy),
         router_tiers=getattr(args, "router_tiers", defaults.router_tiers),
+        dispatch_hold_tokens=getattr(args, "dispatch_hold_tokens", 0),
         flow_control=getattr(args, "flow_control", False),
         flow_target_ttft_s=getattr(args, "flow_target_ttft_s", defaults.flow_target_ttft_s),
         flow_queue_ttl_s=getattr(args, "flow_queue_ttl_s", defaults.flow_queue_ttl_s),
@@ -292,8 +300,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def cost_args(config: SimConfig) -> list[str]:
-    """``serve``'s flags for ``config``'s router cost profile (a live run to match it)."""
-    return ["--cost-profile", profile_arg(config.cost_profile)]
+    """``serve``'s flags for ``config``'s router cost profile and dispatch hold (a live run
+    to match it)."""
+    argv = ["--cost-profile", profile_arg(config.cost_profile)]
+    if config.dispatch_hold_tokens:
+        argv += ["--dispatch-hold-tokens", str(config.dispatch_hold_tokens)]
+    return argv
 
 
 def _profile_text(text: str) -> str:

@@ -57,6 +57,9 @@ class SimConfig:
     # the workers' CPU KV tier (``worker.cpu_kv_capacity_tokens``), as the router sees it:
     # "on" a shadow per tier, "off" ignored (GPU shadows only), "exact" read from the models
     router_tiers: RouterTiers = "on"
+    # requests held at the router while their worker's sent prefill is above this many tokens
+    # (serve --dispatch-hold-tokens: router/core/dispatch_hold.py; 0: off)
+    dispatch_hold_tokens: int = 0
     # flow control (router/core/flow_queue.py, the live router's queue and saturation test):
     # requests wait in the router while the best worker's predicted TTFT is past the target
     flow_control: bool = False

@@ -69,6 +69,7 @@ from router.cache.kv_index import KVEventFeed, KVIndex
 from router.cache.lora import AdapterSlots, under_adapter
 from router.cache.sizing import cpu_blocks, new_worker_state
 from router.cache.worker_state import Booking, WorkerState
+from router.core.dispatch_hold import DispatchHold, Slot
 from router.core.engine_priority import engine_priority, orders_engine
 from router.core.flow import PLACE, FlowAdmission
 from router.core.flow_queue import (
@@ -257,6 +258,14 @@ class Simulation:
             and orders_engine(picker)
             and not config.disaggregated
         )
+        # ... or holds requests for room on their workers, in that order (serve
+        # --dispatch-hold-tokens: its streamed requests, and every one here is)
+        self.hold = (
+            DispatchHold(config.dispatch_hold_tokens)
+            if config.dispatch_hold_tokens and orders_engine(picker) and not config.disaggregated
+            else None
+        )
+        self.slots: list[Slot | None] = [None] * n
         self._make_fleet()
         self.views = self._picker_views()
         self.flow = self._make_flow()
@@ -564,20 +573,28 @@ class Simulation:
         expected = 1 if disagg is not None else req.output_length
         booking = self.placement.book(self.states[pick.worker], features, expected, now=arrival)
         self.bookings[i] = booking
-        priority = engine_priority(booking, self.sent_at[i]) if self.engine_order else 0
+        ordered = self.engine_order or self.hold is not None
+        key = engine_priority(booking, self.sent_at[i]) if ordered else 0
         self._record_estimates(i, booking, arrival)
         self.out["arrival"][i] = self.sent_at[i]  # TTFT counts from the client's send
         self.chosen[i] = pick.worker
         output = 1 if disagg is not None else max(1, req.output_length)
         sim_req = SimRequest(req.blocks, req.input_length, output, tag=i, adapter=adapter)
-        sim_req.priority = priority
+        sim_req.priority = key if self.engine_order else 0
         if disagg is not None:
             disagg.features[i] = features
-        self.models[pick.worker].submit(sim_req, arrival)
-        if self.views is not self.states:
-            self.views[pick.worker].queue(sim_req)
-        self._schedule(pick.worker)
         self.sent += 1
+        if self.hold is not None:
+            slot = self.slots[i] = self.hold.enter(pick.worker, booking.new_prefill, key, sim_req)
+            if not slot.sent:
+                return  # sent when its worker has room (_first_token)
+        self._submit(pick.worker, sim_req, arrival)
+
+    def _submit(self, w: int, sim_req: SimRequest, now: float) -> None:
+        self.models[w].submit(sim_req, now)
+        if self.views is not self.states:
+            self.views[w].queue(sim_req)
+        self._schedule(w)
 
     def _record_estimates(self, i: int, booking: Booking, arrival: float) -> None:
         """The estimates request ``i`` was booked on, and the predicted TTFT."""
@@ -618,6 +635,8 @@ class Simulation:
 
     def _first_token(self, req: SimRequest, now: float) -> None:
         i = req.tag
+        if self.hold is not None:
+            self._left_hold(i, now)
         self.out["first_token"][i] = now
         self.cached[i] = req.cached_tokens
         self.cpu_cached[i] = req.cpu_cached_tokens
@@ -625,8 +644,18 @@ class Simulation:
         self.placement.first_token(booking, now)
         self.placement.report(booking, req.cached_tokens, req.cpu_cached_tokens)
 
+    def _left_hold(self, i: int, now: float) -> None:
+        """Request ``i``'s prefill is through (or it ended): the held requests that now fit
+        on its worker are sent."""
+        slot, self.slots[i] = self.slots[i], None
+        if slot is not None:
+            for released in self.hold.leave(slot):
+                self._submit(released.worker, released.payload, now)
+
     def _finished(self, req: SimRequest, now: float) -> None:
         i = req.tag
+        if self.hold is not None:
+            self._left_hold(i, now)
         self.out["finish"][i] = now
         booking = self.bookings[i]
         self._correct(booking, req)

@@ -1,0 +1,133 @@
+"""Holding requests at the router until their worker's engine has room for them, released in
+the engine-priority order (:mod:`router.core.engine_priority`): the router's order on engines
+that keep their own first come first served (vLLM's and SGLang's default).
+
+An FCFS engine takes its waiting prefills in arrival order, so a short turn sent behind a
+long cold prompt waits for all of it; the router knows both prefills before either is sent.
+With ``--dispatch-hold-tokens N`` each request is still picked and booked at once (its
+worker's queue as the picker prices it includes it), but it is sent only while the prefill
+already sent to that worker and not through (no first token yet) is at most ``N`` tokens;
+otherwise it waits at the router, and each first token there releases the held requests with
+the lowest keys while there is room. The engine's own queue stays about one chunk deep, and
+the order in which prefills reach it is the router's.
+
+Only streamed generation requests are held or counted: the router sees a streamed answer's
+first token when it comes, a plain one's only at its end. :class:`DispatchHold` is pure
+bookkeeping shared by the proxy (which wakes the held request's task) and the simulator
+(which submits it to its worker model).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+HELD, SENT, DONE = 0, 1, 2
+
+
+class Slot:
+    """One request's place: held, sent (its prefill counted on its worker), or done."""
+
+    __slots__ = ("key", "payload", "seq", "state", "tokens", "worker")
+
+    def __init__(self, worker: Any, tokens: int, key: int, seq: int, payload: Any) -> None:
+        self.worker = worker
+        self.tokens = tokens
+        self.key = key
+        self.seq = seq
+        self.payload = payload  # the caller's: what to wake or submit on release
+        self.state = HELD
+
+    @property
+    def sent(self) -> bool:
+        return self.state == SENT
+
+    def __lt__(self, other: Slot) -> bool:
+        return (self.key, self.seq) < (other.key, other.seq)
+
+
+class _Worker:
+    __slots__ = ("held", "sent_tokens", "waiting")
+
+    def __init__(self) -> None:
+        self.sent_tokens = 0  # prefill sent and not through
+        self.held: list[Slot] = []  # a heap by (key, arrival); done ones dropped lazily
+        self.waiting = 0  # held and not done
+
+
+class DispatchHold:
+    """Per worker: the prefill tokens sent and not through, and the requests held for room."""
+
+    __slots__ = ("_seq", "_workers", "limit_tokens", "waited")
+
+    def __init__(self, limit_tokens: int) -> None:
+        if limit_tokens <= 0:
+            raise ValueError("limit_tokens must be positive")
+        self.limit_tokens = limit_tokens
+        self._workers: dict[Any, _Worker] = {}
+        self._seq = 0
+        self.waited = 0  # requests that were held, ever
+
+    def held(self, worker: Any = None) -> int:
+        """Requests held (for ``worker``, or in all)."""
+        if worker is not None:
+            w = self._workers.get(worker)
+            return w.waiting if w is not None else 0
+        return sum(w.waiting for w in self._workers.values())
+
+    def sent_tokens(self, worker: Any) -> int:
+        w = self._workers.get(worker)
+        return w.sent_tokens if w is not None else 0
+
+    def enter(self, worker: Any, tokens: int, key: int, payload: Any = None) -> Slot:
+        """A request of ``tokens`` uncached prompt tokens for ``worker``, priority ``key``:
+        sent now (``slot.sent``) when the worker has room, else held."""
+        w = self._workers.get(worker)
+        if w is None:
+            w = self._workers[worker] = _Worker()
+        self._seq += 1
+        slot = Slot(worker, max(tokens, 1), key, self._seq, payload)
+        if w.sent_tokens <= self.limit_tokens and not w.waiting:
+            slot.state = SENT
+            w.sent_tokens += slot.tokens
+        else:
+            heapq.heappush(w.held, slot)
+            w.waiting += 1
+            self.waited += 1
+        return slot
+
+    def send(self, slot: Slot) -> None:
+        """``slot`` goes now whatever the room (its wait ran out)."""
+        if slot.state != HELD:
+            return
+        w = self._workers[slot.worker]
+        w.waiting -= 1
+        slot.state = SENT
+        w.sent_tokens += slot.tokens
+
+    def leave(self, slot: Slot) -> list[Slot]:
+        """``slot``'s prefill is through (its first token) or it ended: its tokens leave
+        its worker's count (once); the held requests that now fit, released in key order
+        (each ``sent``), for the caller to send."""
+        state = slot.state
+        if state == DONE:
+            return []
+        slot.state = DONE
+        w = self._workers[slot.worker]
+        if state == HELD:
+            w.waiting -= 1
+            return []
+        w.sent_tokens -= slot.tokens
+        released = []
+        held = w.held
+        while held and w.sent_tokens <= self.limit_tokens:
+            nxt = heapq.heappop(held)
+            if nxt.state != HELD:  # left while held, or sent when its wait ran out
+                continue
+            nxt.state = SENT
+            w.waiting -= 1
+            w.sent_tokens += nxt.tokens
+            released.append(nxt)
+        if not w.sent_tokens and not w.waiting and not held:
+            del self._workers[slot.worker]
+        return released
