@@ -96,15 +96,6 @@ class DispatchHold:
             self.waited += 1
         return slot
 
-    def send(self, slot: Slot) -> None:
-        """``slot`` goes now whatever the room (its wait ran out)."""
-        if slot.state != HELD:
-            return
-        w = self._workers[slot.worker]
-        w.waiting -= 1
-        slot.state = SENT
-        w.sent_tokens += slot.tokens
-
     def leave(self, slot: Slot) -> list[Slot]:
         """``slot``'s prefill is through (its first token) or it ended: its tokens leave
         its worker's count (once); the held requests that now fit, released in key order
@@ -122,7 +113,7 @@ class DispatchHold:
         held = w.held
         while held and w.sent_tokens <= self.limit_tokens:
             nxt = heapq.heappop(held)
-            if nxt.state != HELD:  # left while held, or sent when its wait ran out
+            if nxt.state != HELD:  # its client left while it was held
                 continue
             nxt.state = SENT
             w.waiting -= 1

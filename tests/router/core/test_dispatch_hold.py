@@ -24,19 +24,6 @@ def test_room_sends_at_once_and_the_held_go_in_key_order():
     assert hold.leave(b) == [] and hold.sent_tokens("w") == 9000
 
 
-def test_a_request_joins_the_queue_behind_others_held_even_with_room():
-    hold = DispatchHold(limit_tokens=1000)
-    first = hold.enter("w", 5000, key=5)
-    held = hold.enter("w", 100, key=7)
-    assert not held.sent
-    hold.send(held)  # its wait ran out: it goes whatever the room
-    assert held.sent and hold.held("w") == 0 and hold.sent_tokens("w") == 5100
-    hold.send(held)  # once
-    assert hold.sent_tokens("w") == 5100
-    assert hold.leave(first) == [] and hold.leave(held) == []
-    assert hold.sent_tokens("w") == 0
-
-
 def test_every_slot_leaves_once_whatever_its_state():
     hold = DispatchHold(limit_tokens=1)
     sent = hold.enter("w", 10, key=1)
