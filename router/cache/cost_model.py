@@ -44,7 +44,7 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 
-from router.cache.cost_profile import GpuProfile
+from router.cache.cost_profile import GpuProfile, pairs_of
 from router.cache.engine_queue import PriorityPrefill
 from router.cache.workload import DEFAULT_PREFILL_TOKENS_PER_S, STEP_OVERHEAD_S
 
@@ -130,11 +130,6 @@ class CostTerms:
     def decode_step_s(self, running: int, context: float) -> float:
         """One decode step of a batch of ``running`` sequences holding ``context`` tokens."""
         return self.decode_base + self.per_sequence * running + self.per_context_token * context
-
-
-def pairs_of(new: int, cached: int) -> float:
-    """Query-key pairs of ``new`` prompt tokens computed after ``cached`` ones."""
-    return new * cached + new * new / 2.0
 
 
 class PredictionErrors:

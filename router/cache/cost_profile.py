@@ -69,7 +69,7 @@ class GpuProfile:
         """The token and attention terms of ``tokens`` new tokens after ``cached`` ones (no
         step cost); scalars or numpy arrays. Summed over chunks it telescopes to the same
         attention over the whole span, however the prefill is chunked."""
-        return self.a * tokens + self.c * (tokens * cached + tokens * tokens / 2)
+        return self.a * tokens + self.c * pairs_of(tokens, cached)
 
     def decode_step_s(self, batch: int, context: int) -> float:
         """One decode-only step of ``batch`` sequences holding ``context`` tokens in all."""
@@ -191,3 +191,9 @@ def from_dict(raw: Any, source: str) -> GpuProfile:
     if profile.decode_step_s(1, 1) <= 0:
         raise ValueError("a decode step must cost something (decode.base and its terms are 0)")
     return profile
+
+
+def pairs_of(new: Any, cached: Any) -> Any:
+    """Query-key pairs of ``new`` prompt tokens computed after ``cached`` ones (scalars or
+    numpy arrays): the attention term's count."""
+    return new * cached + new * new / 2.0

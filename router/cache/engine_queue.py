@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from router.cache.cost_profile import pairs_of
+
 
 class StepTerms(Protocol):
     """The cost model's terms a step is priced with (:class:`router.cache.cost_model.CostTerms`)."""
@@ -139,7 +141,7 @@ class PriorityPrefill:
             rest = left[k]
             if rest > 0:
                 tokens += rest
-                pairs += rest * prior[k] + rest * rest / 2.0
+                pairs += pairs_of(rest, prior[k])
         chunk = terms.chunk_tokens
         steps = -(-tokens // chunk)
         last = tokens - (steps - 1) * chunk  # job i's last step: its own jobs' tokens ...
@@ -149,7 +151,7 @@ class PriorityPrefill:
             if rest <= 0:
                 continue
             part = rest if rest < need else need
-            last_pairs += part * (prior[k] + rest - part) + part * part / 2.0
+            last_pairs += pairs_of(part, prior[k] + rest - part)
             need -= part
             if need <= 0:
                 break
@@ -161,7 +163,7 @@ class PriorityPrefill:
             if rest <= 0:
                 continue
             take = rest if rest < room else room
-            fill = take * prior[k] + take * take / 2.0
+            fill = pairs_of(take, prior[k])
             tokens, pairs, last, last_pairs = (
                 tokens + take,
                 pairs + fill,
@@ -171,14 +173,11 @@ class PriorityPrefill:
             room -= take
         running, context = decode
         per_step = terms.per_sequence * running + terms.per_context_token * context
-        floor = terms.decode_base if running else 0.0
-        seconds = steps * (terms.d + per_step) + terms.a * tokens + terms.c * pairs
-        # a full step's prefill is above the decode floor (a chunk of a few hundred tokens
-        # is, on any measured profile); the last one may not be
-        prefill = terms.d + terms.a * last + terms.c * last_pairs
-        if prefill < floor:
-            seconds += floor - prefill
-        return start + seconds
+        # the full steps: their prefill is above the decode floor (a chunk of a few hundred
+        # tokens is, on any measured profile); the last one priced as a step
+        full = (steps - 1) * (terms.d + per_step)
+        full += terms.a * (tokens - last) + terms.c * (pairs - last_pairs)
+        return start + full + step_s(terms, last, last_pairs, decode)
 
     def _start(self, at: float, terms: StepTerms, decode: Decode) -> None:
         """The next step from ``at``: the budget in the jobs' order."""
@@ -191,7 +190,7 @@ class PriorityPrefill:
             take = job.left if job.left < budget else budget
             plan.append((job, take))
             job.started = True
-            pairs += take * job.prior + take * take / 2.0
+            pairs += pairs_of(take, job.prior)
             tokens += take
             budget -= take
             if budget <= 0:
