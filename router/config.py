@@ -51,6 +51,10 @@ from router.validation import (
 )
 
 ENV_PREFIX = "CACHE_ROUTER_"
+DISPATCH_HOLD_TOKENS = 8192
+"""--dispatch-hold-tokens' default: one engine step's prefill budget (vLLM's
+max_num_batched_tokens for online serving on an H100), so each worker's own queue holds about
+one step of prefill and the router orders the rest (docs/ttft.md)."""
 
 
 def _ruled(rule: Rule) -> Any:
@@ -389,12 +393,13 @@ class Settings(BaseSettings):
         "worker without it answers such a request 400",
     )
     dispatch_hold_tokens: TokensOrOff = Field(
-        0,
-        description="hold each streamed generation request at the router while the prefill "
-        "already sent to its worker and not through (no first token yet) is above this many "
-        "tokens, releasing the held ones in the ttft policy's priority order (shortest "
-        "predicted prefill first, aged by send time): the router orders what FCFS engines "
-        "take (router/core/dispatch_hold.py; 0: off)",
+        DISPATCH_HOLD_TOKENS,
+        description="with the ttft policy, hold each streamed generation request at the "
+        "router while the prefill already sent to its worker and not through (no first token "
+        "yet) is above this many tokens, releasing the held ones in ttft's priority order "
+        "(shortest predicted prefill first, aged by send time): the router orders what FCFS "
+        "engines take (router/core/dispatch_hold.py; 0: off; off by default with "
+        "--engine-priority, where the engines order themselves; epp never holds)",
     )
     # Flow control (router/core/flow.py): priorities, fairness and SLO-aware admission
     # between admission and placement, in serve and epp; off by default.
@@ -586,6 +591,13 @@ class Settings(BaseSettings):
         if profile is None:
             return CostTerms.flat(self.prefill_tokens_per_s, STEP_OVERHEAD_S / scale, SEQ_S / scale)
         return CostTerms.of_profile(profile, scale)
+
+    def hold_tokens(self) -> int:
+        """``--dispatch-hold-tokens`` in effect: its default is for FCFS engines; with
+        ``--engine-priority`` the engines order their own queues, and it holds only if given."""
+        if self.engine_priority and "dispatch_hold_tokens" not in self.model_fields_set:
+            return 0
+        return self.dispatch_hold_tokens
 
     def process_count(self) -> int:
         """``processes`` as a number: 'auto' is the cores this process may use (its CPU

@@ -385,6 +385,11 @@ class Booking:
     prefill_end: int = 0  # where its prefill ends in the worker's busy period (prefill_stream)
     cost_entry: CostEntry | None = None  # the cost model's count of it (its prediction)
 
+    @property
+    def cached_blocks(self) -> int:
+        """Whole router blocks of the prompt it was booked expecting cached (either tier)."""
+        return (self.input_length - self.new_prefill) // self.worker.blocks.block_size
+
     def insert_radix(self) -> None:
         """The radix insert :meth:`WorkerState.book` left for later (once; no-op otherwise):
         the path is inserted and locked, and the radix estimate set, as ``book`` would have."""

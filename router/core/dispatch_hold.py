@@ -11,6 +11,9 @@ otherwise it waits at the router, and each first token there releases the held r
 the lowest keys while there is room. The engine's own queue stays about one chunk deep, and
 the order in which prefills reach it is the router's.
 
+A request whose estimated hit ends in a block that a held request will compute goes right
+after that one (:mod:`router.core.prefix_owners`).
+
 Only streamed generation requests are held or counted: the router sees a streamed answer's
 first token when it comes, a plain one's only at its end. :class:`DispatchHold` is pure
 bookkeeping shared by the proxy (which wakes the held request's task) and the simulator
@@ -20,7 +23,10 @@ bookkeeping shared by the proxy (which wakes the held request's task) and the si
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import Any
+
+from router.core.prefix_owners import PrefixOwners
 
 HELD, SENT, DONE = 0, 1, 2
 
@@ -28,14 +34,17 @@ HELD, SENT, DONE = 0, 1, 2
 class Slot:
     """One request's place: held, sent (its prefill counted on its worker), or done."""
 
-    __slots__ = ("key", "payload", "seq", "state", "tokens", "worker")
+    __slots__ = ("blocks", "key", "payload", "seq", "state", "tokens", "worker")
 
-    def __init__(self, worker: Any, tokens: int, key: int, seq: int, payload: Any) -> None:
+    def __init__(
+        self, worker: Any, tokens: int, key: int, seq: int, payload: Any, blocks: Sequence[int]
+    ) -> None:
         self.worker = worker
         self.tokens = tokens
         self.key = key
         self.seq = seq
         self.payload = payload  # the caller's: what to wake or submit on release
+        self.blocks = blocks  # its prompt's chained block hashes (what its prefill computes)
         self.state = HELD
 
     @property
@@ -58,7 +67,7 @@ class _Worker:
 class DispatchHold:
     """Per worker: the prefill tokens sent and not through, and the requests held for room."""
 
-    __slots__ = ("_seq", "_workers", "limit_tokens", "waited")
+    __slots__ = ("_seq", "_workers", "limit_tokens", "owners", "waited")
 
     def __init__(self, limit_tokens: int) -> None:
         if limit_tokens <= 0:
@@ -67,6 +76,7 @@ class DispatchHold:
         self._workers: dict[Any, _Worker] = {}
         self._seq = 0
         self.waited = 0  # requests that were held, ever
+        self.owners = PrefixOwners()  # the held requests' blocks (sent: being computed)
 
     def held(self, worker: Any = None) -> int:
         """Requests held (for ``worker``, or in all)."""
@@ -79,14 +89,22 @@ class DispatchHold:
         w = self._workers.get(worker)
         return w.sent_tokens if w is not None else 0
 
-    def enter(self, worker: Any, tokens: int, key: int, payload: Any = None) -> Slot:
-        """A request of ``tokens`` uncached prompt tokens for ``worker``, priority ``key``:
-        sent now (``slot.sent``) when the worker has room, else held."""
+    def after(self, worker: Any, blocks: Sequence[int], hit_blocks: int) -> int | None:
+        """The key of the held request on ``worker`` whose prefill computes the last of the
+        first ``hit_blocks`` of ``blocks`` (a request's estimated hit); None: no held one.
+        A request with that hit goes after it (its key at least this)."""
+        return self.owners.after(worker, blocks, hit_blocks)
+
+    def enter(
+        self, worker: Any, tokens: int, key: int, payload: Any = None, blocks: Sequence[int] = ()
+    ) -> Slot:
+        """A request of ``tokens`` uncached prompt tokens for ``worker``, priority ``key``,
+        prompt ``blocks``: sent now (``slot.sent``) when the worker has room, else held."""
         w = self._workers.get(worker)
         if w is None:
             w = self._workers[worker] = _Worker()
         self._seq += 1
-        slot = Slot(worker, max(tokens, 1), key, self._seq, payload)
+        slot = Slot(worker, max(tokens, 1), key, self._seq, payload, blocks)
         if w.sent_tokens <= self.limit_tokens and not w.waiting:
             slot.state = SENT
             w.sent_tokens += slot.tokens
@@ -94,7 +112,18 @@ class DispatchHold:
             heapq.heappush(w.held, slot)
             w.waiting += 1
             self.waited += 1
+            self.owners.add(worker, slot)
         return slot
+
+    def _unhold(self, w: _Worker, slot: Slot, sent: bool) -> None:
+        """``slot`` is no longer held: sent (its prefill computes its blocks now), or its
+        client left (the other held requests with its blocks compute them now)."""
+        w.waiting -= 1
+        owners = self.owners
+        owners.remove(slot.worker, slot)
+        if not sent and slot.blocks:
+            for other in sorted(s for s in w.held if s.state == HELD):
+                owners.add(slot.worker, other)
 
     def leave(self, slot: Slot) -> list[Slot]:
         """``slot``'s prefill is through (its first token) or it ended: its tokens leave
@@ -106,7 +135,7 @@ class DispatchHold:
         slot.state = DONE
         w = self._workers[slot.worker]
         if state == HELD:
-            w.waiting -= 1
+            self._unhold(w, slot, sent=False)
             return []
         w.sent_tokens -= slot.tokens
         released = []
@@ -116,7 +145,7 @@ class DispatchHold:
             if nxt.state != HELD:  # its client left while it was held
                 continue
             nxt.state = SENT
-            w.waiting -= 1
+            self._unhold(w, nxt, sent=True)
             w.sent_tokens += nxt.tokens
             released.append(nxt)
         if not w.sent_tokens and not w.waiting and not held:

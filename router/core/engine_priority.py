@@ -30,13 +30,19 @@ def orders_engine(picker: object) -> bool:
     return bool(getattr(picker, "orders_engine", False))
 
 
-def engine_priority(booking: Booking, sent_s: float, client: int = 0) -> int:
+def engine_priority(
+    booking: Booking, sent_s: float, client: int = 0, after: int | None = None
+) -> int:
     """The engine priority (lower first) of the request ``booking`` placed, sent at
-    ``sent_s`` (any clock the router's replicas share; the wall clock live); the worker's
-    cost model is told, so it predicts the request's TTFT in the engine's order."""
+    ``sent_s`` (any clock the router's replicas share; the wall clock live), at least
+    ``after`` (the key of a held request whose prefill computes this one's cached prefix:
+    :meth:`router.core.dispatch_hold.DispatchHold.after`); the worker's cost model is told,
+    so it predicts the request's TTFT in the engine's order."""
     cost, cached = booking.worker.cost, booking.input_length - booking.new_prefill
     own = cost.prefill_s(booking.new_prefill, cached)
     key = client * CLIENT_BAND + round((float(sent_s) * AGING_PER_S + own) * 1000)
+    if after is not None and after > key:
+        key = after
     if booking.cost_entry is not None:
         cost.order(booking.cost_entry, key, cached, booking.booked_at)
     return key

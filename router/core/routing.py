@@ -59,6 +59,7 @@ from router.core.parse import (
     parse_request,
     response_call_id,
 )
+from router.core.prefix_owners import Claim, PrefixOwners
 from router.core.tokenize import APPROX_BYTES_PER_TOKEN, Tokenizer, features_of, tokens_now
 from router.core.usage import ResponseIdReader, Usage
 from router.fleet.pool import DECODE, ModelNotServed, Worker, WorkerPool
@@ -105,10 +106,12 @@ class RouterCore:
         self.correct = settings.correct_shadow
         self.max_inflight = settings.max_inflight
         self.flow = FlowControl(settings, pool, metrics.registry) if settings.flow_control else None
-        hold = settings.dispatch_hold_tokens
+        hold = settings.hold_tokens()
         self.hold = DispatchHold(hold) if hold else None
         if self.hold is not None:
             metrics.watch_hold(self.hold, pool)
+        # --engine-priority: the blocks the requests in the engines' queues will compute
+        self.in_engine = PrefixOwners() if settings.engine_priority else None
         # the drain is over (router.service.server): the server cancels what still runs, and
         # a front end answers such a request 503 ``shutdown`` where nothing was sent yet
         self.drain_over = False
@@ -305,7 +308,7 @@ class RouterCore:
             by_model.estimated_hit_tokens += pick.hit_tokens
         return booking
 
-    def order_key(self, r: Routed, booking: Booking) -> int | None:
+    def order_key(self, r: Routed, worker: Worker, booking: Booking) -> int | None:
         """The key ``r`` (booked as ``booking``) goes by into its worker's prefill: the
         ``priority`` the engine orders it by (``--engine-priority``), the order the router
         releases held requests in (``--dispatch-hold-tokens``), or both;
@@ -322,7 +325,29 @@ class RouterCore:
         client = 0 if body.get("priority") is None else body_priority(body)
         if client is None:
             return None
-        return engine_priority(booking, time.time(), client)
+        after = None
+        for owners in (self.hold, self.in_engine):
+            if owners is not None:
+                key = owners.after(worker.url, booking.blocks, booking.cached_blocks)
+                if key is not None and (after is None or key > after):
+                    after = key
+        return engine_priority(booking, time.time(), client, after)
+
+    def engine_claim(self, worker: Worker, booking: Booking, key: int) -> Claim | None:
+        """The request booked as ``booking`` goes to ``worker``'s engine with priority
+        ``key``: its blocks are computed there once the engine schedules it (a request
+        relying on them goes after it, :mod:`router.core.prefix_owners`), until
+        :meth:`engine_unclaim`."""
+        if self.in_engine is None:
+            return None
+        claim = Claim(key, booking.blocks)
+        self.in_engine.add(worker.url, claim)
+        return claim
+
+    def engine_unclaim(self, worker: Worker, claim: Claim | None) -> None:
+        """``claim``'s prefill is through, or its request ended (idempotent)."""
+        if claim is not None:
+            self.in_engine.remove(worker.url, claim)
 
     def hold_enter(
         self, r: Routed, worker: Worker, booking: Booking, key: int | None
@@ -331,7 +356,7 @@ class RouterCore:
         when there is room, else held): only streamed requests with a key; None otherwise."""
         if self.hold is None or key is None or not r.request.stream:
             return None
-        return self.hold.enter(worker.url, booking.new_prefill, key)
+        return self.hold.enter(worker.url, booking.new_prefill, key, blocks=booking.blocks)
 
     async def hold_wait(self, slot: Slot) -> None:
         """Until ``slot`` is released (a first token on its worker made room)."""

@@ -129,12 +129,13 @@ def main(args: argparse.Namespace) -> int:
             "--engine-priority: the router writes each request's priority into the body it "
             "sends (cache-router serve); the endpoint picker does not rewrite request bodies",
         )
-    if settings.dispatch_hold_tokens:
+    if settings.dispatch_hold_tokens and "dispatch_hold_tokens" in settings.model_fields_set:
         return refuse(
             "epp",
             "--dispatch-hold-tokens: the router holds each request until its worker has room "
             "and sends it itself (cache-router serve); the endpoint picker only names one",
         )
+    settings = settings.model_copy(update={"dispatch_hold_tokens": 0})  # serve's default
     if settings.process_count() > 1:
         from router.service.supervisor import SetupError, _probe_port, main_processes
 

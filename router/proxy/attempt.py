@@ -56,15 +56,16 @@ class Attempts:
         (a disaggregated decode leg)."""
         core = self.core
         booking = core.book(ex, worker, pick, radix_later=True)
-        key = slot = None
+        key = slot = claim = None
         if body is None:
             body, headers = ex.body, ex.headers
-            key = core.order_key(ex, booking)
+            key = core.order_key(ex, worker, booking)
             if key is not None and core.settings.engine_priority:  # the engine's order added
                 fields = ex.request.body  # as in ex.body: with the usage the router asked for
                 if ex.drop_usage_chunk:
                     fields = asking_usage(fields)
                 body = orjson.dumps({**fields, "priority": key})
+                claim = core.engine_claim(worker, booking, key)
         conn: Connection | None = None
         status_label = "upstream_lost"
         sse = False
@@ -101,6 +102,7 @@ class Attempts:
             # first body bytes (or the whole body): the prefill is done
             booking.first_token()
             core.hold_leave(slot)
+            core.engine_unclaim(worker, claim)
             core.metrics.ttfb(ex.endpoint).observe(time.perf_counter() - ex.start)
             status = conn.status
             core.answered(ex, worker, status)  # (a 5xx relayed: no other worker left)
@@ -157,6 +159,7 @@ class Attempts:
             if conn is not None:
                 conn.abort()
             core.hold_leave(slot)
+            core.engine_unclaim(worker, claim)
             core.release(ex, worker, booking, status_label)
 
     async def cut(self, ex: Exchange, worker: Worker, exc: Exception, sse: bool, send) -> None:

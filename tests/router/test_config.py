@@ -139,3 +139,16 @@ def test_per_worker_cpu_tier_and_bandwidth() -> None:
         Settings(worker_cpu_kv_capacity_tokens={"http://a:1": -1})
     with pytest.raises(ValueError, match="must be > 0, not 0"):
         Settings(worker_kv_load_gbps={"http://a:1": 0})
+
+
+def test_the_dispatch_hold_is_on_by_default_except_where_the_engines_order_themselves(
+    monkeypatch,
+):
+    from router.config import DISPATCH_HOLD_TOKENS
+
+    assert load_settings().hold_tokens() == DISPATCH_HOLD_TOKENS
+    assert load_settings(engine_priority=True).hold_tokens() == 0
+    assert load_settings(engine_priority=True, dispatch_hold_tokens=4096).hold_tokens() == 4096
+    assert load_settings(dispatch_hold_tokens=0).hold_tokens() == 0
+    monkeypatch.setenv("CACHE_ROUTER_DISPATCH_HOLD_TOKENS", "2048")  # given, from anywhere
+    assert load_settings(engine_priority=True).hold_tokens() == 2048

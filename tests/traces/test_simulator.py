@@ -321,6 +321,20 @@ def test_under_priority_engines_ttft_predicts_in_the_engines_order(speedup):
     assert error["ttft_pred_mdape"] < 0.15
 
 
+def test_the_dispatch_hold_is_on_by_default_on_fcfs_engines_only():
+    from router.config import DISPATCH_HOLD_TOKENS
+    from traces.sim.simulator import Simulation
+
+    priority = WorkerModelConfig(scheduling_policy="priority")
+    assert SimConfig().hold_tokens() == DISPATCH_HOLD_TOKENS
+    assert SimConfig(worker=priority).hold_tokens() == 0
+    assert SimConfig(worker=priority, dispatch_hold_tokens=4096).hold_tokens() == 4096
+    trace = _priority_trace()
+    assert Simulation(trace, make_picker("ttft"), SimConfig(workers=2)).hold is not None
+    sim = Simulation(trace, make_picker("ttft"), SimConfig(workers=2, worker=priority))
+    assert sim.hold is None and sim.engine_order
+
+
 def test_the_dispatch_hold_orders_what_fcfs_engines_take():
     """serve --dispatch-hold-tokens in the simulator: ttft's requests wait at the router
     while their worker has prefill in flight and go in ttft's order, so the short session

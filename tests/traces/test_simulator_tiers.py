@@ -27,11 +27,15 @@ SAMPLE = Path(traces.__file__).parent / "data" / "weka_agentic_sample.jsonl"
 GPU = 131_072
 # 2 workers with small GPU caches (the sample's prompts reach 256k tokens: eviction is
 # common) and a CPU tier of 4x; arrivals stretched 10x so that queues stay short enough for
-# a booking's view of the tiers to hold until admission. The context is set past the GPU
+# a booking's view of the tiers to hold until admission (and no dispatch hold, which delays
+# admission as a queue does: with it the CPU split errs 5-6%). The context is set past the GPU
 # KV (sim-worker --max-model-len), else the longest prompts are refused as vLLM refuses them
 # the flat model: the shadows' exactness below was measured on its timings
 WORKER = WorkerModelConfig(profile=None, kv_capacity_tokens=GPU, cpu_kv_capacity_tokens=4 * GPU)
-CONFIG = SimConfig(workers=2, worker=WORKER, speedup=0.1, max_model_len=5 * GPU, cost_profile=None)
+CONFIG = SimConfig(
+    workers=2, worker=WORKER, speedup=0.1, max_model_len=5 * GPU, cost_profile=None,
+    dispatch_hold_tokens=0,
+)  # fmt: skip
 TIER_KEYS = {"gpu_hit_rate", "cpu_hit_rate", "shadow_abs_error_gpu", "shadow_abs_error_cpu"}
 
 

@@ -223,3 +223,25 @@ def test_priority_orders_the_requests_waiting_for_memory(policy):
     else:  # x heads the queue and waits for memory; y waits behind it
         assert d.first["y"] > d.done["hog"]
         assert d.first["x"] < d.first["y"]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_block_is_cached_for_others_once_the_chunk_computing_it_is_scheduled(policy):
+    """A request admitted on blocks another admitted request has not started computing
+    finds them cached only if that one is scheduled first: under priority scheduling the
+    later, lower-keyed turn starts first and computes the shared prefix itself (an engine
+    caches a block when the step computing it is scheduled), and the first then finds it."""
+    from dataclasses import replace
+
+    d = Driver(replace(CFG, scheduling_policy=policy))
+    cold = _prio("cold", tuple(range(40, 48)), 4000, 5)
+    turn = _prio("turn", tuple(range(40, 50)), 5000, 1)
+    d.run([(0.0, _prio("long", (1, 2, 3, 4, 5, 6, 7, 8), 4096, 9)), (0.5, cold), (0.6, turn)])
+    if policy == "priority":
+        assert d.first["turn"] <= d.first["cold"]  # in the step scheduling its last chunk
+        assert turn.cached_tokens == 0  # cold's blocks were booked, not computed
+        assert cold.cached_tokens == 4000  # computed by the turn by then
+    else:  # arrival order: the cold prompt computes the prefix, the turn finds it
+        assert d.first["cold"] < d.first["turn"]
+        assert (cold.cached_tokens, turn.cached_tokens) == (0, 4096)
+    assert d.model.pending == {}

@@ -18,7 +18,7 @@ from policies.registry import PICKER_NAMES, make_picker, picker_params
 from router.cache import cost_profile
 from router.cache.cost_profile import GpuProfile
 from router.cache.worker_state import SHADOW_KINDS
-from router.config import field_rule
+from router.config import DISPATCH_HOLD_TOKENS, field_rule
 from router.validation import (
     COUNT,
     COUNT_OR_OFF,
@@ -164,10 +164,11 @@ def add_simulation_options(p: argparse.ArgumentParser, speedup: bool = True) -> 
     add_cost_profile_option(p)
     p.add_argument(
         "--dispatch-hold-tokens", type=field_rule("dispatch_hold_tokens"),
-        default=SimConfig().dispatch_hold_tokens,
+        default=None,
         help="model serve's --dispatch-hold-tokens: hold requests at the router while their "
         "worker's sent prefill is above this many tokens, released in ttft's priority order "
-        "(0: off)",
+        f"(default {DISPATCH_HOLD_TOKENS} on FCFS engines, off with --scheduling-policy "
+        "priority, as serve's; 0: off)",
     )  # fmt: skip
     p.add_argument(
         "--router-tiers",
@@ -287,7 +288,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         decode_workers=decode,
         decode_policy=getattr(args, "decode_policy", defaults.decode_policy),
         router_tiers=getattr(args, "router_tiers", defaults.router_tiers),
-        dispatch_hold_tokens=getattr(args, "dispatch_hold_tokens", 0),
+        dispatch_hold_tokens=getattr(args, "dispatch_hold_tokens", defaults.dispatch_hold_tokens),
         flow_control=getattr(args, "flow_control", False),
         flow_target_ttft_s=getattr(args, "flow_target_ttft_s", defaults.flow_target_ttft_s),
         flow_queue_ttl_s=getattr(args, "flow_queue_ttl_s", defaults.flow_queue_ttl_s),
@@ -303,7 +304,7 @@ def cost_args(config: SimConfig) -> list[str]:
     """``serve``'s flags for ``config``'s router cost profile and dispatch hold (a live run
     to match it)."""
     argv = ["--cost-profile", profile_arg(config.cost_profile)]
-    if config.dispatch_hold_tokens:
+    if config.dispatch_hold_tokens is not None:  # else serve's default, which is the same
         argv += ["--dispatch-hold-tokens", str(config.dispatch_hold_tokens)]
     return argv
 

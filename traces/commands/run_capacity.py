@@ -281,7 +281,9 @@ def run_capacity(trace_path: str, trace: list[TraceRequest], args: argparse.Name
          "mode": mode, "jobs": args.jobs, "gpu_profile": profile_arg(config.worker.profile),
          "cost_profile": profile_arg(config.cost_profile), "shadow": config.shadow,
          "kv_events": config.kv_events, "replays": args.replays,
-         "jitter": args.jitter if args.replays > 1 else 0.0},
+         "jitter": args.jitter if args.replays > 1 else 0.0,
+         "scheduling_policy": config.worker.scheduling_policy,
+         "dispatch_hold_tokens": config.hold_tokens()},
         time.perf_counter() - started,
     )  # fmt: skip
     written = write_capacity(document, out, plots)

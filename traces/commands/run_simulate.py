@@ -113,7 +113,8 @@ def run_and_report(
         f"{len(trace)} requests, {fleet}, shadow={config.shadow}, "
         f"KV {config.worker.kv_capacity_tokens:,} tokens/worker, GPU profile "
         f"{profile_arg(config.worker.profile)}, router cost profile "
-        f"{profile_arg(config.cost_profile)}"
+        f"{profile_arg(config.cost_profile)}, {config.worker.scheduling_policy} engines, "
+        f"ttft's dispatch hold {config.hold_tokens() or 'off'}"
         + (
             f" + CPU tier {config.worker.cpu_kv_capacity_tokens:,} at "
             f"{config.worker.kv_load_gbps:g} GB/s (router tiers {config.router_tiers})"
@@ -132,6 +133,8 @@ def run_and_report(
     worker = config.worker
     document["gpu_profile"] = profile_arg(worker.profile)
     document["cost_profile"] = profile_arg(config.cost_profile)
+    document["scheduling_policy"] = worker.scheduling_policy
+    document["dispatch_hold_tokens"] = config.hold_tokens()  # the ttft router's (0: off)
     document["kv"] = {
         "gpu_tokens": worker.kv_capacity_tokens,
         "cpu_tokens": worker.cpu_kv_capacity_tokens,

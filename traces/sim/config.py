@@ -10,6 +10,7 @@ from typing import Literal
 from router.cache.cost_model import CostTerms
 from router.cache.cost_profile import GpuProfile
 from router.cache.worker_state import ShadowKind
+from router.config import DISPATCH_HOLD_TOKENS
 from router.core.flow_queue import DECODE_STEP_S, DECODE_TOKEN_S, KV_RESERVE
 from traces.sim import gpu_profile, kv_transfer
 from traces.sim.worker_model import WorkerModelConfig
@@ -59,7 +60,15 @@ class SimConfig:
     router_tiers: RouterTiers = "on"
     # requests held at the router while their worker's sent prefill is above this many tokens
     # (serve --dispatch-hold-tokens: router/core/dispatch_hold.py; 0: off)
-    dispatch_hold_tokens: int = 0
+    dispatch_hold_tokens: int | None = None  # None: DISPATCH_HOLD_TOKENS on FCFS engines
+
+    def hold_tokens(self) -> int:
+        """The dispatch hold in effect (as :meth:`router.config.Settings.hold_tokens`): by
+        default on for FCFS engines and off where the engines take priorities."""
+        if self.dispatch_hold_tokens is not None:
+            return self.dispatch_hold_tokens
+        return 0 if self.worker.scheduling_policy == "priority" else DISPATCH_HOLD_TOKENS
+
     # flow control (router/core/flow_queue.py, the live router's queue and saturation test):
     # requests wait in the router while the best worker's predicted TTFT is past the target
     flow_control: bool = False

@@ -81,6 +81,7 @@ from router.core.flow_queue import (
     StepCost,
     Waiting,
 )
+from router.core.prefix_owners import Claim, PrefixOwners
 from router.fleet.placement import Placement
 from traces.sim.config import SimConfig
 from traces.sim.miss_causes import FleetLedger
@@ -261,11 +262,14 @@ class Simulation:
         # ... or holds requests for room on their workers, in that order (serve
         # --dispatch-hold-tokens: its streamed requests, and every one here is)
         self.hold = (
-            DispatchHold(config.dispatch_hold_tokens)
-            if config.dispatch_hold_tokens and orders_engine(picker) and not config.disaggregated
+            DispatchHold(config.hold_tokens())
+            if config.hold_tokens() and orders_engine(picker) and not config.disaggregated
             else None
         )
         self.slots: list[Slot | None] = [None] * n
+        # under engine priority, the blocks the requests in the engines' queues will compute
+        self.in_engine = PrefixOwners() if self.engine_order else None
+        self.claims: list[Claim | None] = [None] * n
         self._make_fleet()
         self.views = self._picker_views()
         self.flow = self._make_flow()
@@ -574,7 +578,18 @@ class Simulation:
         booking = self.placement.book(self.states[pick.worker], features, expected, now=arrival)
         self.bookings[i] = booking
         ordered = self.engine_order or self.hold is not None
-        key = engine_priority(booking, self.sent_at[i]) if ordered else 0
+        key = 0
+        if ordered:
+            after = None
+            for owners in (self.hold, self.in_engine):
+                if owners is not None:
+                    k = owners.after(pick.worker, booking.blocks, booking.cached_blocks)
+                    if k is not None and (after is None or k > after):
+                        after = k
+            key = engine_priority(booking, self.sent_at[i], after=after)
+            if self.in_engine is not None:
+                claim = self.claims[i] = Claim(key, booking.blocks)
+                self.in_engine.add(pick.worker, claim)
         self._record_estimates(i, booking, arrival)
         self.out["arrival"][i] = self.sent_at[i]  # TTFT counts from the client's send
         self.chosen[i] = pick.worker
@@ -585,7 +600,9 @@ class Simulation:
             disagg.features[i] = features
         self.sent += 1
         if self.hold is not None:
-            slot = self.slots[i] = self.hold.enter(pick.worker, booking.new_prefill, key, sim_req)
+            slot = self.slots[i] = self.hold.enter(
+                pick.worker, booking.new_prefill, key, sim_req, booking.blocks
+            )
             if not slot.sent:
                 return  # sent when its worker has room (_first_token)
         self._submit(pick.worker, sim_req, arrival)
@@ -637,6 +654,10 @@ class Simulation:
         i = req.tag
         if self.hold is not None:
             self._left_hold(i, now)
+        claim = self.claims[i]
+        if claim is not None:
+            self.claims[i] = None
+            self.in_engine.remove(self.chosen[i], claim)
         self.out["first_token"][i] = now
         self.cached[i] = req.cached_tokens
         self.cpu_cached[i] = req.cpu_cached_tokens

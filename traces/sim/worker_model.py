@@ -14,6 +14,11 @@ One engine step (vLLM / SGLang style, all numbers configurable, defaults are ass
   could never fit is admitted alone on an otherwise empty worker.
 - *Prefill* is chunked: a step carries at most ``chunk_tokens`` uncached prompt tokens,
   taken from running requests in admission order; cost ``tokens / prefill_tokens_per_s``.
+  A block is cached for other requests once the step computing it is scheduled (vLLM
+  caches a request's full blocks as it schedules their tokens), not when the request holding
+  it is admitted: a request's cached prefix is taken again when its first chunk is
+  scheduled, and a block whose chunk is not scheduled yet is computed again by whoever
+  starts first (under priority scheduling a later request can).
 - *Order*: ``scheduling_policy="fcfs"`` (vLLM's default) admits and prefills in arrival
   order. ``"priority"`` (vLLM's ``--scheduling-policy priority``) orders the waiting queue
   and the admitted requests whose prefill has not started by ``(priority, arrival)``, lower
@@ -402,6 +407,7 @@ class SimRequest:
     loading: tuple[int, ...] = ()  # CPU-tier blocks pinned while they load
     prefill_left: int = 0
     started: bool = False  # a prefill chunk of it has been planned (it keeps its place)
+    computed_blocks: int = 0  # leading prompt blocks cached or scheduled for computing
     order: tuple[int, int] = (0, 0)  # (priority, arrival number): the priority policy's key
     extra_blocks: int = 0  # tail of the prompt + output, not in the tree
     node: TreeNode | None = None
@@ -468,6 +474,9 @@ class WorkerModel:
         self.observer: ModelObserver | None = None
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: deque[SimRequest] = deque()  # admitted, prefill not done
+        # blocks in the cache whose prefill chunk is not scheduled yet: the request that
+        # computes them (a block is cached for others once its chunk is scheduled)
+        self.pending: dict[int, SimRequest] = {}
         self.decoding: list[tuple[int, int, SimRequest]] = []  # heap by finish_at
         # the decoding batch's context tokens at decode counter D are this + D * batch: each
         # sequence adds its prompt and output less the counter it finishes at
@@ -722,12 +731,14 @@ class WorkerModel:
                 self._load(req, req.blocks[hit_blocks : hit_blocks + loaded], now)
                 req.cpu_cached_tokens = req.cached_tokens - gpu_cached
             req.prefill_left = 0 if req.kv_transferred else req.input_length - req.cached_tokens
+            req.computed_blocks = hit_blocks + loaded
+            if not req.kv_transferred:
+                pending = self.pending
+                for block in req.blocks[req.computed_blocks :]:
+                    pending.setdefault(block, req)
             stats = self.stats
             stats.prompt_tokens += req.input_length
-            stats.cached_tokens += req.cached_tokens
             stats.cpu_cached_tokens += req.cpu_cached_tokens
-            if self.observer is not None:
-                self.observer.admitted(req, hit_blocks + loaded)
             self.prefilling.append(req)
             admitted = True
         if skipped:  # back at the head, in their order (vLLM's skipped_waiting_requests)
@@ -735,6 +746,39 @@ class WorkerModel:
         if admitted and self._priority and len(self.prefilling) > 1:
             # prefills under way first, in their order; then the others by (priority, arrival)
             self.prefilling = deque(sorted(self.prefilling, key=_prefill_order))
+
+    def _start(self, req: SimRequest) -> None:
+        """``req``'s first chunk is scheduled: its cached prefix is what is cached *now*. A
+        block admitted with another request whose chunk for it is not scheduled yet is not
+        there (the engines cache a block once the step that computes it is scheduled), so
+        ``req`` computes it: under priority scheduling a later request can start first."""
+        req.started = True
+        blocks, pending = req.blocks, self.pending
+        if not req.kv_transferred and not req.cpu_cached_tokens:
+            hit = 0
+            for block in blocks:
+                if block in pending:
+                    break
+                hit += 1
+            cached = min(hit * BLOCK_TOKENS, req.input_length)
+            if cached != req.cached_tokens:
+                req.cached_tokens, req.computed_blocks = cached, hit
+                req.prefill_left = req.input_length - cached
+            for block in blocks[hit:]:
+                pending[block] = req  # it computes them now, whoever was admitted with them
+        self.stats.cached_tokens += req.cached_tokens
+        if self.observer is not None:
+            self.observer.admitted(req, req.computed_blocks)
+
+    def _scheduled(self, req: SimRequest, left: int) -> None:
+        """``req``'s prefill is scheduled up to ``left`` tokens before its end: its blocks
+        so far are cached for requests scheduled after it."""
+        blocks, pending = req.blocks, self.pending
+        done = len(blocks) if not left else (req.input_length - left) // BLOCK_TOKENS
+        for block in blocks[req.computed_blocks : done]:
+            if pending.get(block) is req:
+                del pending[block]
+        req.computed_blocks = max(req.computed_blocks, done)
 
     def _load(self, req: SimRequest, blocks: tuple[int, ...], now: float) -> None:
         """Start loading ``blocks`` of ``req`` from the CPU tier (they are pinned there until
@@ -813,9 +857,11 @@ class WorkerModel:
                     break
                 if req.ready_at > now:  # its CPU-tier blocks are still loading
                     continue
+                if not req.started:
+                    self._start(req)
                 take = min(budget, req.prefill_left)
                 plan.append((req, take))
-                req.started = True
+                self._scheduled(req, req.prefill_left - take)
                 budget -= take
         context = self.decode_context if batch else 0
         self._span_growth = 0.0

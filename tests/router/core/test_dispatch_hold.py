@@ -42,3 +42,36 @@ def test_every_slot_leaves_once_whatever_its_state():
 def test_the_limit_is_positive():
     with pytest.raises(ValueError):
         DispatchHold(0)
+
+
+def test_a_request_relying_on_a_held_prefix_goes_after_the_request_that_computes_it():
+    hold = DispatchHold(limit_tokens=1)
+    busy = hold.enter("w", 10, key=0)  # the worker has no room: the rest are held
+    cold = hold.enter("w", 4096, key=900, blocks=[11, 12, 13, 14])  # computes 11-14
+    # the next turn, booked on 11-14 cached, is priced short: it would compute them itself
+    assert hold.after("w", [11, 12, 13, 14, 15], hit_blocks=4) == 900
+    assert hold.after("w", [11, 12, 99], hit_blocks=2) == 900  # a sibling: a shared head
+    assert hold.after("w", [11, 12, 13], hit_blocks=0) is None  # nothing cached: no relation
+    assert hold.after("w", [7, 8], hit_blocks=2) is None  # another prefix
+    assert hold.after("v", [11, 12], hit_blocks=2) is None  # another worker
+    turn = hold.enter("w", 1024, key=900, blocks=[11, 12, 13, 14, 15])  # its key raised
+    short = hold.enter("w", 1024, key=100, blocks=[21, 22])
+    assert [s.key for s in hold.leave(busy)] == [100]  # lowest first, one at a time
+    assert hold.leave(short) == [cold]  # same key: the one that computes the prefix first
+    # once sent, the prefix is on its way in the engine: nothing held computes it
+    assert hold.after("w", [11, 12, 13, 14, 15], hit_blocks=4) is None
+    assert hold.leave(cold) == [turn]
+    assert hold.leave(turn) == [] and hold.held() == 0 and hold.sent_tokens("w") == 0
+
+
+def test_a_held_request_that_leaves_hands_its_prefix_to_the_next_holder():
+    hold = DispatchHold(limit_tokens=1)
+    hold.enter("w", 10, key=0)
+    gone = hold.enter("w", 4096, key=900, blocks=[11, 12])
+    later = hold.enter("w", 4096, key=950, blocks=[11, 12, 13])  # also holds 11-12
+    assert hold.after("w", [11, 12], hit_blocks=2) == 900
+    hold.leave(gone)  # its client left: the next holder computes 11-12 now
+    assert hold.after("w", [11, 12], hit_blocks=2) == 950
+    assert hold.after("w", [11, 12, 13], hit_blocks=3) == 950
+    hold.leave(later)
+    assert hold.after("w", [11, 12], hit_blocks=2) is None and hold.held() == 0

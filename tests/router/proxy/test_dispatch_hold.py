@@ -69,6 +69,30 @@ def test_held_requests_go_when_their_worker_has_room_shortest_first(fake_workers
     assert m["cache_router_dispatch_held_requests_total"] == 2
 
 
+def test_a_turn_on_a_held_prefix_goes_after_the_request_that_computes_it(
+    fake_workers, router_server
+):
+    """The next turn's prefix is booked (so it is priced short) but not computed while its
+    first turn is held: released first it would compute it itself; it goes right after."""
+    (worker,) = fake_workers(1)
+    router = router_server(workers=[worker.url], policy="ttft", dispatch_hold_tokens=1)
+    out: list = []
+    first = threading.Thread(target=_stream, args=(router.url, "first " + LONG, out, 1.0))
+    first.start()
+    assert wait_until(lambda: worker.prefilling == 1)
+    turn = LONG + " and the next turn"
+    threads = []
+    for n, prompt in enumerate((LONG, turn, SHORT), start=1):
+        threads.append(threading.Thread(target=_stream, args=(router.url, prompt, out)))
+        threads[-1].start()
+        assert wait_until(lambda n=n: _metrics(router.url).get("cache_router_dispatch_held") == n)
+    for t in (first, *threads):
+        t.join(20)
+    assert out == [200] * 4
+    assert _prompts(worker) == ["first " + LONG, SHORT, LONG, turn]
+    assert _metrics(router.url)["cache_router_dispatch_held"] == 0
+
+
 def test_a_client_gone_while_held_leaves_nothing_behind(fake_workers, router_server):
     (worker,) = fake_workers(1)
     router = router_server(workers=[worker.url], policy="ttft", dispatch_hold_tokens=1)

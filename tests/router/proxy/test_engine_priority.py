@@ -74,3 +74,38 @@ def test_a_streamed_request_keeps_the_usage_the_router_asked_for(fake_workers, r
     (sent,) = _forwarded(workers)
     assert isinstance(sent["priority"], int)
     assert sent["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+
+
+def test_a_turn_on_a_prefix_still_in_the_engines_queue_goes_after_it(fake_workers, router_server):
+    """The next turn's prefix is booked (priced short) but not computed while its first turn
+    waits in the engine: its priority is at least the first's, so the engine takes the
+    first, which computes the prefix; once the first token came, a turn keys by its own."""
+    import threading
+
+    (worker,) = fake_workers(1)
+    router = router_server(workers=[worker.url], policy="ttft", engine_priority=True)
+    long = "a long cold prompt " * 2000
+    body = {"model": "fake-model", "prompt": long, "max_tokens": 4, "stream": True}
+
+    def first() -> None:
+        with httpx.stream("POST", f"{router.url}/v1/completions", json=body,
+                          headers={"x-fake-delay": "1.0"}, timeout=20) as r:  # fmt: skip
+            r.read()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    from tests.router.conftest import wait_until
+
+    assert wait_until(lambda: worker.prefilling == 1)
+    _send_prompt(router, long + " and the next turn")
+    thread.join(20)
+    _send_prompt(router, long + " and a turn after its first token")
+    cold, turn, later = (b["priority"] for b in _forwarded([worker]))
+    assert turn >= cold  # went after the request computing its prefix
+    assert later < cold  # that prefix was computed: its own (short) key
+
+
+def _send_prompt(router, prompt: str) -> None:
+    body = {"model": "fake-model", "prompt": prompt, "max_tokens": 4}
+    r = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10)
+    assert r.status_code == 200, r.text
