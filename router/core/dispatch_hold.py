@@ -76,7 +76,7 @@ class DispatchHold:
         self._workers: dict[Any, _Worker] = {}
         self._seq = 0
         self.waited = 0  # requests that were held, ever
-        self.owners = PrefixOwners()  # the held requests' blocks (sent: being computed)
+        self.owners = PrefixOwners()  # the held requests' blocks, until sent
 
     def held(self, worker: Any = None) -> int:
         """Requests held (for ``worker``, or in all)."""

@@ -35,8 +35,8 @@ def engine_priority(
 ) -> int:
     """The engine priority (lower first) of the request ``booking`` placed, sent at
     ``sent_s`` (any clock the router's replicas share; the wall clock live), at least
-    ``after`` (the key of a held request whose prefill computes this one's cached prefix:
-    :meth:`router.core.dispatch_hold.DispatchHold.after`); the worker's cost model is told,
+    ``after`` (the key of the request held or queued there whose prefill computes this
+    one's cached prefix: :mod:`router.core.prefix_owners`); the worker's cost model is told,
     so it predicts the request's TTFT in the engine's order."""
     cost, cached = booking.worker.cost, booking.input_length - booking.new_prefill
     own = cost.prefill_s(booking.new_prefill, cached)

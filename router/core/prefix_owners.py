@@ -72,3 +72,17 @@ class PrefixOwners:
     def __len__(self) -> int:
         """Blocks registered, on every worker."""
         return sum(len(b) for b in self._workers.values())
+
+
+def owner_key(
+    registries: Sequence[Any], worker: Any, blocks: Sequence[int], hit_blocks: int
+) -> int | None:
+    """The highest key among ``registries``' owners (each with ``after``, as
+    :meth:`PrefixOwners.after`; None entries skipped) of the request's hit; None: none."""
+    found = None
+    for registry in registries:
+        if registry is not None:
+            key = registry.after(worker, blocks, hit_blocks)
+            if key is not None and (found is None or key > found):
+                found = key
+    return found

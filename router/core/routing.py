@@ -59,7 +59,7 @@ from router.core.parse import (
     parse_request,
     response_call_id,
 )
-from router.core.prefix_owners import Claim, PrefixOwners
+from router.core.prefix_owners import Claim, PrefixOwners, owner_key
 from router.core.tokenize import APPROX_BYTES_PER_TOKEN, Tokenizer, features_of, tokens_now
 from router.core.usage import ResponseIdReader, Usage
 from router.fleet.pool import DECODE, ModelNotServed, Worker, WorkerPool
@@ -325,12 +325,8 @@ class RouterCore:
         client = 0 if body.get("priority") is None else body_priority(body)
         if client is None:
             return None
-        after = None
-        for owners in (self.hold, self.in_engine):
-            if owners is not None:
-                key = owners.after(worker.url, booking.blocks, booking.cached_blocks)
-                if key is not None and (after is None or key > after):
-                    after = key
+        registries = (self.hold, self.in_engine)
+        after = owner_key(registries, worker.url, booking.blocks, booking.cached_blocks)
         return engine_priority(booking, time.time(), client, after)
 
     def engine_claim(self, worker: Worker, booking: Booking, key: int) -> Claim | None:

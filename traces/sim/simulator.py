@@ -81,7 +81,7 @@ from router.core.flow_queue import (
     StepCost,
     Waiting,
 )
-from router.core.prefix_owners import Claim, PrefixOwners
+from router.core.prefix_owners import Claim, PrefixOwners, owner_key
 from router.fleet.placement import Placement
 from traces.sim.config import SimConfig
 from traces.sim.miss_causes import FleetLedger
@@ -580,12 +580,8 @@ class Simulation:
         ordered = self.engine_order or self.hold is not None
         key = 0
         if ordered:
-            after = None
-            for owners in (self.hold, self.in_engine):
-                if owners is not None:
-                    k = owners.after(pick.worker, booking.blocks, booking.cached_blocks)
-                    if k is not None and (after is None or k > after):
-                        after = k
+            registries = (self.hold, self.in_engine)
+            after = owner_key(registries, pick.worker, booking.blocks, booking.cached_blocks)
             key = engine_priority(booking, self.sent_at[i], after=after)
             if self.in_engine is not None:
                 claim = self.claims[i] = Claim(key, booking.blocks)

@@ -3,7 +3,7 @@ removed; a lookup by the last block of an estimated hit."""
 
 from __future__ import annotations
 
-from router.core.prefix_owners import Claim, PrefixOwners
+from router.core.prefix_owners import Claim, PrefixOwners, owner_key
 
 
 def test_the_first_owner_of_a_block_answers_until_it_is_removed():
@@ -24,3 +24,12 @@ def test_the_first_owner_of_a_block_answers_until_it_is_removed():
     owners.remove("w", first)  # twice: nothing more
     owners.remove("w", second)
     assert len(owners) == 0 and owners.after("w", [1, 2, 3, 4], hit_blocks=4) is None
+
+
+def test_the_highest_owner_key_over_registries():
+    held, queued = PrefixOwners(), PrefixOwners()
+    held.add("w", Claim(300, [1, 2]))
+    queued.add("w", Claim(700, [1, 2]))
+    assert owner_key((held, None, queued), "w", [1, 2, 3], 2) == 700
+    assert owner_key((held,), "w", [1, 2, 3], 2) == 300
+    assert owner_key((None,), "w", [1, 2, 3], 2) is None
