@@ -43,22 +43,34 @@ def _prompts(worker) -> list[str]:
     return [q["body"]["prompt"] for q in worker.requests if q["path"] == "/v1/completions"]
 
 
-def test_held_requests_go_when_their_worker_has_room_shortest_first(fake_workers, router_server):
+def _busy(fake_workers, router_server, out: list, prompt: str = "first " + LONG):
+    """One worker behind a router holding past 1 token, busy with a slow first prefill of
+    ``prompt``: (worker, router, the first request's thread)."""
     (worker,) = fake_workers(1)
     router = router_server(workers=[worker.url], policy="ttft", dispatch_hold_tokens=1)
-    out: list = []
-    first = threading.Thread(target=_stream, args=(router.url, "first " + LONG, out, 1.0))
+    first = threading.Thread(target=_stream, args=(router.url, prompt, out, 1.0))
     first.start()
     assert wait_until(lambda: worker.prefilling == 1)
+    return worker, router, first
+
+
+def _held_in_turn(router, prompts: list[str], out: list) -> list[threading.Thread]:
+    """Each of ``prompts`` sent once the one before it is held at the router."""
+    threads = []
+    for n, prompt in enumerate(prompts, start=1):
+        threads.append(threading.Thread(target=_stream, args=(router.url, prompt, out)))
+        threads[-1].start()
+        assert wait_until(lambda n=n: _metrics(router.url).get("cache_router_dispatch_held") == n)
+    return threads
+
+
+def test_held_requests_go_when_their_worker_has_room_shortest_first(fake_workers, router_server):
+    out: list = []
+    worker, router, first = _busy(fake_workers, router_server, out)
     # while its prefill is in flight, a long prompt and then a short one wait at the router
-    long = threading.Thread(target=_stream, args=(router.url, LONG, out))
-    long.start()
-    assert wait_until(lambda: _metrics(router.url).get("cache_router_dispatch_held") == 1)
-    short = threading.Thread(target=_stream, args=(router.url, SHORT, out))
-    short.start()
-    assert wait_until(lambda: _metrics(router.url).get("cache_router_dispatch_held") == 2)
+    threads = _held_in_turn(router, [LONG, SHORT], out)
     assert len(_prompts(worker)) == 1  # nothing more reached the worker
-    for t in (first, long, short):
+    for t in (first, *threads):
         t.join(20)
     assert out == [200, 200, 200]
     # the short prompt went first when there was room, though sent after the long one
@@ -74,18 +86,10 @@ def test_a_turn_on_a_held_prefix_goes_after_the_request_that_computes_it(
 ):
     """The next turn's prefix is booked (so it is priced short) but not computed while its
     first turn is held: released first it would compute it itself; it goes right after."""
-    (worker,) = fake_workers(1)
-    router = router_server(workers=[worker.url], policy="ttft", dispatch_hold_tokens=1)
     out: list = []
-    first = threading.Thread(target=_stream, args=(router.url, "first " + LONG, out, 1.0))
-    first.start()
-    assert wait_until(lambda: worker.prefilling == 1)
+    worker, router, first = _busy(fake_workers, router_server, out)
     turn = LONG + " and the next turn"
-    threads = []
-    for n, prompt in enumerate((LONG, turn, SHORT), start=1):
-        threads.append(threading.Thread(target=_stream, args=(router.url, prompt, out)))
-        threads[-1].start()
-        assert wait_until(lambda n=n: _metrics(router.url).get("cache_router_dispatch_held") == n)
+    threads = _held_in_turn(router, [LONG, turn, SHORT], out)
     for t in (first, *threads):
         t.join(20)
     assert out == [200] * 4
@@ -94,12 +98,8 @@ def test_a_turn_on_a_held_prefix_goes_after_the_request_that_computes_it(
 
 
 def test_a_client_gone_while_held_leaves_nothing_behind(fake_workers, router_server):
-    (worker,) = fake_workers(1)
-    router = router_server(workers=[worker.url], policy="ttft", dispatch_hold_tokens=1)
     out: list = []
-    first = threading.Thread(target=_stream, args=(router.url, LONG, out, 1.0))
-    first.start()
-    assert wait_until(lambda: worker.prefilling == 1)
+    worker, router, first = _busy(fake_workers, router_server, out, LONG)
     body = json.dumps({"model": "fake-model", "prompt": SHORT, "max_tokens": 4, "stream": True})
     host, port = router.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:

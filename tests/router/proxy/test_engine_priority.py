@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
 
 from router.core.engine_priority import CLIENT_BAND
+from tests.router.conftest import wait_until
 
 PROMPT = "the same long prefix " * 200
 
 
-def _send(router, **extra) -> None:
-    body = {"model": "fake-model", "prompt": PROMPT, "max_tokens": 4, **extra}
+def _send(router, prompt: str = PROMPT, **extra) -> None:
+    body = {"model": "fake-model", "prompt": prompt, "max_tokens": 4, **extra}
     r = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10)
     assert r.status_code == 200, r.text
 
@@ -80,8 +83,6 @@ def test_a_turn_on_a_prefix_still_in_the_engines_queue_goes_after_it(fake_worker
     """The next turn's prefix is booked (priced short) but not computed while its first turn
     waits in the engine: its priority is at least the first's, so the engine takes the
     first, which computes the prefix; once the first token came, a turn keys by its own."""
-    import threading
-
     (worker,) = fake_workers(1)
     router = router_server(workers=[worker.url], policy="ttft", engine_priority=True)
     long = "a long cold prompt " * 2000
@@ -94,18 +95,10 @@ def test_a_turn_on_a_prefix_still_in_the_engines_queue_goes_after_it(fake_worker
 
     thread = threading.Thread(target=first)
     thread.start()
-    from tests.router.conftest import wait_until
-
     assert wait_until(lambda: worker.prefilling == 1)
-    _send_prompt(router, long + " and the next turn")
+    _send(router, long + " and the next turn")
     thread.join(20)
-    _send_prompt(router, long + " and a turn after its first token")
+    _send(router, long + " and a turn after its first token")
     cold, turn, later = (b["priority"] for b in _forwarded([worker]))
     assert turn >= cold  # went after the request computing its prefix
     assert later < cold  # that prefix was computed: its own (short) key
-
-
-def _send_prompt(router, prompt: str) -> None:
-    body = {"model": "fake-model", "prompt": prompt, "max_tokens": 4}
-    r = httpx.post(f"{router.url}/v1/completions", json=body, timeout=10)
-    assert r.status_code == 200, r.text
