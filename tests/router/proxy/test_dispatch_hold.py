@@ -8,6 +8,7 @@ import socket
 import threading
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.router.conftest import wait_until
@@ -143,6 +144,33 @@ def test_plain_answers_and_routers_without_the_flag_are_not_held(fake_workers, r
         assert worker.prefilling == 1  # answered while the first one still prefills
         first.join(20)
         assert out == [200]
+
+
+@pytest.mark.parametrize("engine_priority", [False, True])
+def test_serve_holds_by_default_and_not_with_engine_priority(
+    fake_workers, router_server, engine_priority
+):
+    """The defaults as shipped (no hold flag): 8192 tokens with ttft, so a streamed request
+    waits while its worker prefills one of about 9.5k; with --engine-priority it goes."""
+    (worker,) = fake_workers(1)
+    router = router_server(workers=[worker.url], policy="ttft", engine_priority=engine_priority)
+    out: list = []
+    first = threading.Thread(target=_stream, args=(router.url, "first " + LONG, out, 1.0))
+    first.start()
+    assert wait_until(lambda: worker.prefilling == 1)
+    if engine_priority:  # answered at once, while the first one still prefills
+        _stream(router.url, SHORT, out)
+        assert worker.prefilling == 1
+        assert "cache_router_dispatch_held" not in _metrics(router.url)
+        first.join(20)
+    else:
+        short = threading.Thread(target=_stream, args=(router.url, SHORT, out))
+        short.start()
+        assert wait_until(lambda: _metrics(router.url).get("cache_router_dispatch_held") == 1)
+        assert worker.prefilling == 1  # nothing more reached the worker
+        for t in (first, short):
+            t.join(20)
+    assert sorted(out) == [200, 200]
 
 
 def test_the_endpoint_picker_refuses_dispatch_hold(capsys):
