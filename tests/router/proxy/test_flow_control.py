@@ -68,7 +68,9 @@ def settled(router) -> bool:
 
 
 async def test_higher_priority_goes_first_and_everything_is_answered(fake_workers, router_server):
-    (worker,) = fake_workers(1, delay=0.6)  # (long enough for a loaded machine's sends)
+    # the blocker stays in prefill 1.2 s: past that, or once 1.5 of its predicted 2 s are gone,
+    # "low" would be placed, not queued (CI failed once at 0.6 s on a loaded machine)
+    (worker,) = fake_workers(1, delay=1.2)
     router = router_server(workers=[worker.url], **FLOW)
     async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         blocker = asyncio.create_task(post(client, "blocker"))
